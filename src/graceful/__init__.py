@@ -1,0 +1,38 @@
+"""graceful-drain: graceful shutdown for Python servers.
+
+``import graceful`` needs only anyio; the server adapters are submodules
+(:mod:`graceful.asgi`, :mod:`graceful.uvicorn`, :mod:`graceful.asyncio`, …) that import
+their server when they are imported.
+"""
+
+from __future__ import annotations
+
+from ._coordinator import GRACE_PERIOD_ENV as GRACE_PERIOD_ENV
+from ._coordinator import Session as Session
+from ._coordinator import ShutdownCoordinator as ShutdownCoordinator
+from ._coordinator import ShutdownStatistics as ShutdownStatistics
+from ._policy import AcceptUntilIdle as AcceptUntilIdle
+from ._policy import Decision as Decision
+from ._policy import Phase as Phase
+from ._policy import Policy as Policy
+from ._policy import PolicyInput as PolicyInput
+from ._policy import RefuseImmediately as RefuseImmediately
+from ._policy import ServeUntilKilled as ServeUntilKilled
+from ._policy import policy_from_name as policy_from_name
+
+__all__ = (
+    "GRACE_PERIOD_ENV",
+    "AcceptUntilIdle",
+    "Decision",
+    "Phase",
+    "Policy",
+    "PolicyInput",
+    "RefuseImmediately",
+    "ServeUntilKilled",
+    "Session",
+    "ShutdownCoordinator",
+    "ShutdownStatistics",
+    "policy_from_name",
+)
+
+__version__ = "0.1.0.dev0"

@@ -1,0 +1,303 @@
+"""Shutdown phases and the policies that decide when *accepting* ends.
+
+Why this module is pure
+-----------------------
+Everything that decides *when* the server stops accepting new connections lives here,
+and nothing here does I/O or reads a clock.  A policy is a frozen value; its
+:meth:`Policy.decide` method is a function of a :class:`PolicyInput` snapshot (which
+contains ``now``) and returns a :class:`Decision`: either "stop accepting now, because …"
+or "keep accepting and ask me again at time T".  The coordinator runs that function on
+anyio; tests run it on plain numbers, so a 30 s window takes microseconds to check and
+its edges (a connection exactly at the idle boundary, a kill deadline earlier than
+``max_wait_s``) are exact.
+
+Time is a float in seconds on the coordinator's clock (anyio's clock: the event loop's
+monotonic time).  Only the *kill deadline* arrives from the outside; the coordinator turns
+it into :attr:`PolicyInput.accept_deadline`, the latest moment accepting may last so that
+draining still fits before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Final
+
+from typing_extensions import final
+
+__all__ = (
+    "AcceptUntilIdle",
+    "Decision",
+    "Phase",
+    "Policy",
+    "PolicyInput",
+    "RefuseImmediately",
+    "ServeUntilKilled",
+    "policy_from_name",
+)
+
+
+class Phase(enum.IntEnum):
+    """The life of a server process, in order; a coordinator only ever moves forward.
+
+    ``SERVING``
+        Normal operation.
+    ``ACCEPTING``
+        Shutdown was requested; new connections are still accepted and served, the
+        readiness endpoint fails, clients may be nudged away (``Connection: close``).
+    ``DRAINING``
+        The listener is closed (connections already in the kernel's accept backlog are
+        still served); idle keep-alive connections are closed; in-flight requests finish;
+        websockets and streams are asked to end.
+    ``STOPPING``
+        The drain finished, hit its deadline, or a second shutdown request arrived:
+        remaining work is cancelled and shutdown hooks run.
+    ``STOPPED``
+        Everything is done; the process may exit.
+    """
+
+    SERVING = 0
+    ACCEPTING = 1
+    DRAINING = 2
+    STOPPING = 3
+    STOPPED = 4
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class PolicyInput:
+    """What a policy may look at; all times in seconds on the coordinator's clock.
+
+    Attributes:
+        now: The current time.
+        requested_at: When shutdown was first requested (signal, code or preStop).
+        last_connection_at: When the most recent new connection arrived, or ``None``
+            if none ever did.
+        accept_deadline: The latest time accepting may last so that draining still ends
+            before the kill deadline, or ``None`` when no kill deadline is known.
+        endpoint_removed_at: When the pod was seen gone from its EndpointSlice, or
+            ``None`` if that is not (yet) known.
+    """
+
+    now: float
+    requested_at: float
+    last_connection_at: float | None = None
+    accept_deadline: float | None = None
+    endpoint_removed_at: float | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer.
+
+    Attributes:
+        stop_accepting: ``True``: close the listener now and start draining.
+        reason: Why, in a few words (it goes to the log).
+        recheck_at: When to ask again if nothing else happens; ``None`` means only an
+            event (endpoint removal, escalation) can change the answer.
+    """
+
+    stop_accepting: bool
+    reason: str
+    recheck_at: float | None = None
+
+
+def _check_seconds(name: str, value: object) -> float:
+    """Return ``value`` as float seconds, or raise a ``ValueError`` naming ``name``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or math.isinf(value)
+        or value < 0
+    ):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_optional_seconds(name: str, value: object) -> float | None:
+    """Like :func:`_check_seconds`, but ``None`` (no limit) is allowed too."""
+    if value is None:
+        return None
+    try:
+        return _check_seconds(name, value)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a finite number of seconds >= 0 or None, got {value!r}"
+        ) from None
+
+
+def _hard_end(inp: PolicyInput, max_wait_s: float | None) -> tuple[float, str]:
+    """The time accepting must end at the latest, and why."""
+    end, why = math.inf, ""
+    if max_wait_s is not None:
+        end, why = inp.requested_at + max_wait_s, f"max_wait_s={max_wait_s:g} reached"
+    if inp.accept_deadline is not None and inp.accept_deadline < end:
+        end, why = inp.accept_deadline, "kill deadline approaching"
+    return end, why
+
+
+class Policy(ABC):
+    """Decides when the *accepting* phase ends.  Subclasses are frozen values.
+
+    Attributes:
+        name: The policy's name on the command line and in ``GRACEFUL_POLICY``.
+        nudge_clients: Whether HTTP/1.1 responses carry ``Connection: close`` (and
+            HTTP/2 connections get GOAWAY) already while *accepting*.  While draining,
+            clients are always told to close.
+    """
+
+    name: ClassVar[str]
+    nudge_clients: bool
+
+    @abstractmethod
+    def decide(self, inp: PolicyInput) -> Decision:
+        """Return whether accepting ends at ``inp.now``, else when to ask again."""
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class ServeUntilKilled(Policy):
+    """Keep serving normally until the process is killed.
+
+    With a known kill deadline (``grace_period_s``) accepting still ends in time for a
+    clean drain before SIGKILL; with ``max_wait_s`` it ends after that long.
+
+    Args:
+        nudge_clients: Send ``Connection: close`` while accepting, so keep-alive
+            clients reconnect (through the load balancer, to another backend).
+        max_wait_s: Stop accepting this long after the shutdown request (``None``: never).
+    """
+
+    name: ClassVar[str] = "serve-until-killed"
+    nudge_clients: bool = False
+    max_wait_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_optional_seconds("max_wait_s", self.max_wait_s)
+
+    def decide(self, inp: PolicyInput) -> Decision:
+        end, why = _hard_end(inp, self.max_wait_s)
+        if inp.now >= end:
+            return Decision(True, why)
+        return Decision(False, "serving until killed", None if math.isinf(end) else end)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class AcceptUntilIdle(Policy):
+    """Keep accepting until no new connection has arrived for ``idle_s`` seconds.
+
+    The idle window starts at the shutdown request (or, with
+    ``wait_for_endpoint_removal``, when the pod is seen gone from its EndpointSlice) and
+    restarts at every new connection.  Accepting lasts at least ``min_wait_s`` and at most
+    ``max_wait_s`` after the request, and never past the point where draining would no
+    longer fit before the kill deadline.  A connection arriving exactly at the idle
+    boundary restarts the window.
+
+    Args:
+        idle_s: The quiet period that shows load balancers stopped sending traffic.
+        min_wait_s: Accept at least this long (e.g. the known propagation delay).
+        max_wait_s: Accept at most this long, whatever the traffic.
+        nudge_clients: Send ``Connection: close`` while accepting.
+        wait_for_endpoint_removal: Start the idle window only once the pod has left its
+            EndpointSlice (needs the Kubernetes integration to report it).
+    """
+
+    name: ClassVar[str] = "accept-until-idle"
+    idle_s: float = 2.0
+    min_wait_s: float = 0.0
+    max_wait_s: float = 30.0
+    nudge_clients: bool = True
+    wait_for_endpoint_removal: bool = False
+
+    def __post_init__(self) -> None:
+        _check_seconds("idle_s", self.idle_s)
+        _check_seconds("min_wait_s", self.min_wait_s)
+        _check_seconds("max_wait_s", self.max_wait_s)
+        if self.min_wait_s > self.max_wait_s:
+            raise ValueError(
+                f"min_wait_s ({self.min_wait_s:g}) must not exceed max_wait_s ({self.max_wait_s:g})"
+            )
+
+    def decide(self, inp: PolicyInput) -> Decision:
+        hard, why = _hard_end(inp, self.max_wait_s)
+        if inp.now >= hard:
+            return Decision(True, why)
+        if self.wait_for_endpoint_removal:
+            if inp.endpoint_removed_at is None:
+                return Decision(False, "waiting for endpoint removal", hard)
+            window_start = inp.endpoint_removed_at
+        else:
+            window_start = inp.requested_at
+        last = window_start
+        if inp.last_connection_at is not None and inp.last_connection_at > last:
+            last = inp.last_connection_at
+        end = max(last + self.idle_s, inp.requested_at + self.min_wait_s)
+        if inp.now >= end:
+            return Decision(True, f"no new connection for {inp.now - last:.3g} s")
+        return Decision(False, "new connections may still arrive", min(end, hard))
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class RefuseImmediately(Policy):
+    """Stop accepting at once and drain in-flight work (stock servers' intent, done right:
+    the accept backlog is served, in-flight requests finish, clients get a clean close)."""
+
+    name: ClassVar[str] = "refuse-immediately"
+    nudge_clients: bool = True
+
+    def decide(self, inp: PolicyInput) -> Decision:
+        return Decision(True, "policy refuses new connections immediately")
+
+
+POLICIES: Final[dict[str, type[Policy]]] = {
+    cls.name: cls for cls in (AcceptUntilIdle, RefuseImmediately, ServeUntilKilled)
+}
+
+
+def policy_from_name(
+    name: str,
+    *,
+    idle_s: float | None = None,
+    min_wait_s: float | None = None,
+    max_wait_s: float | None = None,
+    nudge_clients: bool | None = None,
+) -> Policy:
+    """Build a policy from its command-line name and options (``None``: the default).
+
+    Raises:
+        ValueError: for an unknown name, an option the policy does not take, or an
+            invalid value; the message names the option, the value and what is allowed.
+    """
+    key = name.strip().lower().replace("_", "-")
+    cls = POLICIES.get(key)
+    if cls is None:
+        allowed = ", ".join(repr(n) for n in sorted(POLICIES))
+        raise ValueError(f"unknown policy {name!r}; expected one of {allowed}")
+    given = {
+        "idle_s": idle_s,
+        "min_wait_s": min_wait_s,
+        "max_wait_s": max_wait_s,
+        "nudge_clients": nudge_clients,
+    }
+    options = {k: v for k, v in given.items() if v is not None}
+    takes = {
+        AcceptUntilIdle: {"idle_s", "min_wait_s", "max_wait_s", "nudge_clients"},
+        ServeUntilKilled: {"max_wait_s", "nudge_clients"},
+        RefuseImmediately: set(),
+    }[cls]
+    for option in options:
+        if option not in takes:
+            raise ValueError(
+                f"option {option}={options[option]!r} does not apply to policy {cls.name!r}"
+                f" (it takes: {', '.join(sorted(takes)) or 'no options'})"
+            )
+    return cls(**options)
