@@ -27,6 +27,7 @@ time between the request and ``stop_by``; accepting ends early enough to leave t
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
@@ -38,6 +39,7 @@ from typing import Final
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import anyio.to_thread
 from typing_extensions import final
 
@@ -251,6 +253,19 @@ class ShutdownCoordinator:
         self._changed: anyio.Event | None = None
         self._running = False
         self._request_tracker = _RequestTracker(self)
+        self._clock: Callable[[], float] | None = None
+
+    def _now(self) -> float:
+        """The event loop's clock, looked up once (protocol callbacks run outside any
+        task, where anyio cannot tell which backend is running)."""
+        clock = self._clock
+        if clock is None:
+            try:
+                clock = anyio.lowlevel.current_token().backend_class.current_time
+            except anyio.NoEventLoopError:
+                clock = asyncio.get_running_loop().time  # an asyncio protocol callback
+            self._clock = clock
+        return clock()
 
     # ------------------------------------------------------------------ hot path
 
@@ -276,7 +291,7 @@ class ShutdownCoordinator:
         """Report a new connection; it counts as activity for *accept until idle*."""
         self._connections += 1
         self._connections_total += 1
-        self._last_connection_at = anyio.current_time()
+        self._last_connection_at = self._now()
 
     def connection_closed(self) -> None:
         """Report that a connection reported by :meth:`connection_opened` closed."""
@@ -374,7 +389,7 @@ class ShutdownCoordinator:
                 passes ``False``: asking twice for the same shutdown is not a hurry.
             immediate: Go to *stopping* at once (SIGQUIT, gunicorn's quick shutdown).
         """
-        now = anyio.current_time()
+        now = self._now()
         if self._requested_at is None:
             self._requested_at = now
         if escalate or self._shutdown_requests == 0:
@@ -396,7 +411,7 @@ class ShutdownCoordinator:
     def notify_endpoint_removed(self) -> None:
         """Report that the pod is gone from its EndpointSlice (no more new traffic)."""
         if self._endpoint_removed_at is None:
-            self._endpoint_removed_at = anyio.current_time()
+            self._endpoint_removed_at = self._now()
             logger.info("endpoint removed from its EndpointSlice")
             self._notify()
 
@@ -423,11 +438,11 @@ class ShutdownCoordinator:
         there is no deadline.  Streaming handlers use it to finish in time."""
         if self._drain_deadline is None:
             return None
-        return max(0.0, self._drain_deadline - anyio.current_time())
+        return max(0.0, self._drain_deadline - self._now())
 
     def statistics(self) -> ShutdownStatistics:
         """Return a frozen snapshot of the phase, the counts and the deadlines."""
-        now = anyio.current_time()
+        now = self._now()
         kill = self._kill_deadline()
         if self._phase is Phase.ACCEPTING:
             deadline = self._accept_deadline()
@@ -456,8 +471,16 @@ class ShutdownCoordinator:
 
     # ------------------------------------------------------------------------ run
 
-    async def run(self, *, shutdown_trigger: Callable[[], Awaitable[object]] | None = None) -> None:
+    async def run(
+        self,
+        *,
+        shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Run the shutdown machinery until ``STOPPED``.
+
+        ``await task_group.start(coordinator.run)`` returns once signal handlers are in
+        place.
 
         Args:
             shutdown_trigger: An awaitable factory; when it returns, shutdown is
@@ -469,7 +492,7 @@ class ShutdownCoordinator:
             raise RuntimeError("ShutdownCoordinator.run() is already running")
         self._running = True
         if self._phase_since is None:
-            self._phase_since = anyio.current_time()
+            self._phase_since = self._now()
         from ._signals import handle_signals
 
         try:
@@ -478,6 +501,7 @@ class ShutdownCoordinator:
                     tg.start_soon(self._await_trigger, shutdown_trigger)
                 else:
                     await tg.start(handle_signals, self)
+                task_status.started()
                 await self._run_phases(tg)
                 tg.cancel_scope.cancel()
         finally:
@@ -489,21 +513,36 @@ class ShutdownCoordinator:
 
     async def _run_phases(self, tg: anyio.abc.TaskGroup) -> None:
         await self._wait_until(lambda: self._phase > Phase.SERVING, None)
+        background: list[anyio.Event] = []
         if self._phase is Phase.ACCEPTING:
-            tg.start_soon(self._run_hooks, Phase.ACCEPTING)
+            background.append(self._start_hooks(tg, Phase.ACCEPTING))
             await self._accept()
         if self._phase is Phase.DRAINING:
-            tg.start_soon(self._run_hooks, Phase.DRAINING)
+            background.append(self._start_hooks(tg, Phase.DRAINING))
             await self._drain()
+        for done in background:  # each hook is bounded, so this wait is too
+            await done.wait()
         await self._run_hooks(Phase.STOPPING)
         self._advance(Phase.STOPPED, "shutdown complete")
+
+    def _start_hooks(self, tg: anyio.abc.TaskGroup, phase: Phase) -> anyio.Event:
+        done = anyio.Event()
+
+        async def run() -> None:
+            try:
+                await self._run_hooks(phase)
+            finally:
+                done.set()
+
+        tg.start_soon(run)
+        return done
 
     async def _accept(self) -> None:
         assert self._requested_at is not None
         while self._phase is Phase.ACCEPTING:
             decision = self.policy.decide(
                 PolicyInput(
-                    now=anyio.current_time(),
+                    now=self._now(),
                     requested_at=self._requested_at,
                     last_connection_at=self._last_connection_at,
                     accept_deadline=self._accept_deadline(),
@@ -515,14 +554,14 @@ class ShutdownCoordinator:
                 return
             timeout = None
             if decision.recheck_at is not None:
-                timeout = max(0.0, decision.recheck_at - anyio.current_time())
+                timeout = max(0.0, decision.recheck_at - self._now())
             await self._wait_for_change(timeout)
 
     async def _drain(self) -> None:
         assert self._drain_deadline is not None
-        next_log = anyio.current_time() + 1.0
+        next_log = self._now() + 1.0
         while self._phase is Phase.DRAINING:
-            now = anyio.current_time()
+            now = self._now()
             if self.drained:
                 self._advance(Phase.STOPPING, "drained")
                 return
@@ -552,7 +591,7 @@ class ShutdownCoordinator:
             timeout = self.hook_timeout_s
             kill = self._kill_deadline()
             if kill is not None:
-                timeout = max(0.0, min(timeout, kill - anyio.current_time() - 0.1))
+                timeout = max(0.0, min(timeout, kill - self._now() - 0.1))
             name = getattr(hook, "__qualname__", repr(hook))
             try:
                 with anyio.move_on_after(timeout) as scope:
@@ -588,7 +627,7 @@ class ShutdownCoordinator:
     def _advance(self, phase: Phase, reason: str) -> None:
         if phase <= self._phase:
             return
-        now = anyio.current_time()
+        now = self._now()
         previous, self._phase, self._phase_since, self._reason = (
             self._phase,
             phase,

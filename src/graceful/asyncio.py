@@ -1,0 +1,342 @@
+"""Raw :mod:`asyncio` servers that follow a :class:`~graceful.ShutdownCoordinator`.
+
+Drop-ins for :func:`asyncio.start_server` and :meth:`asyncio.loop.create_server`::
+
+    coordinator = graceful.ShutdownCoordinator()
+    server = await graceful.asyncio.start_server(handle, "127.0.0.1", 8000,
+                                                 coordinator=coordinator)
+    async with server:
+        await coordinator.run()        # returns once drained (or at the deadline)
+
+Why the listener is not simply closed
+-------------------------------------
+Closing a listening socket makes the kernel reset every connection that completed its
+handshake but was not yet ``accept()``-ed: those clients sent a request and get
+``ECONNRESET``, which is not safe to retry.  When the coordinator ends *accepting*, this
+module first accepts everything in the backlog (through a duplicate of the listening
+file descriptor, so the socket stays open while the event loop's own reader is removed),
+closes the server, accepts once more, and only then closes the last descriptor.  The
+accepted sockets are handed to the loop with ``connect_accepted_socket`` and served like
+any other connection.  New connections after that are refused (``ECONNREFUSED``), which a
+client can always retry.
+
+Why connections are tracked here
+--------------------------------
+``Server.wait_closed()`` returns at once on Python 3.11, waits for every connection on
+3.12.1+, and uvloop differs again; ``close_clients()`` exists only from 3.13.  So this
+module tracks transports itself (one wrapper protocol per connection) and never relies on
+``wait_closed``: behaviour is the same on every version and loop.
+
+Handlers learn that draining began through :attr:`GracefulServer.draining` (an
+:class:`asyncio.Event`), :attr:`GracefulServer.is_draining`, and
+:meth:`GracefulServer.unless_draining`, which waits for the next message only while the
+server is not draining.  Protocols may define ``drain_requested()``; it is called once
+when draining begins.  At *stopping* the remaining transports are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+from typing_extensions import Self, final
+
+from ._coordinator import ShutdownCoordinator
+from ._policy import Phase
+
+__all__ = ("GracefulServer", "create_server", "start_server")
+
+T = TypeVar("T")
+logger = logging.getLogger("graceful")
+
+ProtocolFactory = Callable[[], asyncio.BaseProtocol]
+
+
+class _Tracking(asyncio.Protocol):
+    """Wraps an application protocol to report the connection's life to the server."""
+
+    def __init__(self, server: GracefulServer, inner: asyncio.BaseProtocol) -> None:
+        self._server = server
+        self._inner = inner
+        self._transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._server._connection_made(self)
+        self._inner.connection_made(transport)
+        if self._server.is_draining:
+            self._request_drain()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            self._inner.connection_lost(exc)
+        finally:
+            self._server._connection_lost(self)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)  # type: ignore[attr-defined]
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()  # type: ignore[attr-defined, no-any-return]
+
+    def _request_drain(self) -> None:
+        drain = getattr(self._inner, "drain_requested", None)
+        if drain is not None:
+            drain()
+
+    def _close(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+
+    def _abort(self) -> None:
+        if self._transport is not None:
+            abort = getattr(self._transport, "abort", None)
+            (abort or self._transport.close)()
+
+
+class _TrackingBuffered(_Tracking, asyncio.BufferedProtocol):
+    def get_buffer(self, sizehint: int) -> Any:
+        return self._inner.get_buffer(sizehint)  # type: ignore[attr-defined]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._inner.buffer_updated(nbytes)  # type: ignore[attr-defined]
+
+
+@final
+class GracefulServer:
+    """An :class:`asyncio.Server` that obeys a coordinator; see the module docs.
+
+    Use it as an async context manager around ``await coordinator.run()``: on exit any
+    connection still open is aborted.
+    """
+
+    def __init__(
+        self,
+        coordinator: ShutdownCoordinator,
+        protocol_factory: ProtocolFactory,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.coordinator = coordinator
+        self._factory = protocol_factory
+        self._loop = loop
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_Tracking] = set()
+        self._all_closed = asyncio.Event()
+        self._all_closed.set()
+        #: Set when the server starts draining (the listener is closed).
+        self.draining = asyncio.Event()
+        self._unsubscribe = coordinator.subscribe(self._on_phase)
+
+    def _wrapped_factory(self) -> _Tracking:
+        inner = self._factory()
+        if isinstance(inner, asyncio.BufferedProtocol):
+            return _TrackingBuffered(self, inner)
+        return _Tracking(self, inner)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        """The listening sockets (empty once the listener is closed)."""
+        if self._server is None:
+            return ()
+        return tuple(self._server.sockets)  # type: ignore[attr-defined]
+
+    @property
+    def is_draining(self) -> bool:
+        """``True`` once the listener closed; handlers should finish and close."""
+        return self.draining.is_set()
+
+    @property
+    def connection_count(self) -> int:
+        """Connections currently open on this server."""
+        return len(self._connections)
+
+    async def unless_draining(self, awaitable: Awaitable[T]) -> T | None:
+        """Await ``awaitable`` unless (or until) the server is draining.
+
+        Wrap the read of the *next* message in it: an idle keep-alive connection then
+        ends when draining begins, while a message already being handled is finished::
+
+            while (line := await server.unless_draining(reader.readline())):
+                ...
+
+        Returns:
+            The awaitable's result, or ``None`` if draining began first (the awaitable
+            is cancelled).
+        """
+        if self.is_draining:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            return None
+        task: asyncio.Future[T] = asyncio.ensure_future(awaitable)
+        drain = asyncio.ensure_future(self.draining.wait())
+        try:
+            await asyncio.wait((task, drain), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drain.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.wait((task,))  # raises only if *we* are cancelled meanwhile
+        return None
+
+    # ------------------------------------------------------------------- lifecycle
+
+    async def _start(self, coro: Coroutine[Any, Any, asyncio.AbstractServer]) -> None:
+        self._server = await coro
+
+    def _connection_made(self, conn: _Tracking) -> None:
+        self._connections.add(conn)
+        self._all_closed.clear()
+        self.coordinator.connection_opened()
+
+    def _connection_lost(self, conn: _Tracking) -> None:
+        if conn in self._connections:
+            self._connections.discard(conn)
+            self.coordinator.connection_closed()
+            if not self._connections:
+                self._all_closed.set()
+
+    def _on_phase(self, phase: Phase) -> None:
+        if phase >= Phase.DRAINING and not self.draining.is_set():
+            self._stop_listening()
+            self.draining.set()
+            for conn in list(self._connections):
+                try:
+                    conn._request_drain()
+                except Exception:
+                    logger.exception("drain_requested() of %r failed", conn._inner)
+        if phase >= Phase.STOPPING:
+            for conn in list(self._connections):
+                conn._close()
+
+    def _stop_listening(self) -> None:
+        """Close the listener without resetting connections in the accept backlog."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        dups: list[socket.socket] = []
+        for listening in server.sockets:  # type: ignore[attr-defined]
+            try:
+                dup = socket.socket(fileno=os.dup(listening.fileno()))
+            except OSError:
+                continue
+            dup.setblocking(False)
+            dups.append(dup)
+        backlog = _accept_all(dups)
+        server.close()  # the loop stops reading; the dups keep the sockets listening
+        backlog += _accept_all(dups)  # whatever arrived meanwhile
+        for dup in dups:
+            dup.close()
+        for sock in backlog:
+            self._loop.create_task(self._serve_accepted(sock))
+
+    async def _serve_accepted(self, sock: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._wrapped_factory, sock)
+        except OSError:
+            sock.close()
+
+    async def wait_closed(self, *, timeout_s: float | None = None) -> bool:
+        """Wait until every connection of this server is closed.
+
+        Unlike :meth:`asyncio.Server.wait_closed` this behaves the same on every Python
+        version and on uvloop.
+
+        Returns:
+            ``True`` if all closed, ``False`` if ``timeout_s`` elapsed first.
+        """
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the listener (keeping the backlog) and abort every open connection."""
+        self._stop_listening()
+        self.draining.set()
+        for conn in list(self._connections):
+            conn._abort()
+        self._unsubscribe()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        await self.wait_closed(timeout_s=1.0)
+
+
+def _accept_all(listeners: list[socket.socket]) -> list[socket.socket]:
+    accepted: list[socket.socket] = []
+    for listener in listeners:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            sock.setblocking(False)
+            accepted.append(sock)
+    return accepted
+
+
+async def create_server(
+    protocol_factory: ProtocolFactory,
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    coordinator: ShutdownCoordinator,
+    **kwargs: Any,
+) -> GracefulServer:
+    """Like :meth:`asyncio.loop.create_server`, following ``coordinator``'s phases.
+
+    Extra keyword arguments go to ``loop.create_server`` unchanged (``sock``,
+    ``reuse_port``, ``backlog``, ``ssl``, …).
+    """
+    loop = asyncio.get_running_loop()
+    server = GracefulServer(coordinator, protocol_factory, loop)
+    await server._start(loop.create_server(server._wrapped_factory, host, port, **kwargs))
+    return server
+
+
+async def start_server(
+    client_connected_cb: Callable[
+        [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None] | None
+    ],
+    host: str | None = None,
+    port: int | None = None,
+    *,
+    coordinator: ShutdownCoordinator,
+    limit: int = 2**16,
+    **kwargs: Any,
+) -> GracefulServer:
+    """Like :func:`asyncio.start_server`, following ``coordinator``'s phases."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> asyncio.StreamReaderProtocol:
+        reader = asyncio.StreamReader(limit=limit, loop=loop)
+        return asyncio.StreamReaderProtocol(reader, client_connected_cb, loop=loop)
+
+    server = GracefulServer(coordinator, factory, loop)
+    await server._start(loop.create_server(server._wrapped_factory, host, port, **kwargs))
+    return server

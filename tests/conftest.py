@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param("trio", id="trio-mockclock"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """Every async test runs on asyncio and on trio; trio with a virtual clock that
+    jumps ahead whenever all tasks are blocked, so a 30 s deadline takes milliseconds."""
+    if request.param == "trio":
+        from trio.testing import MockClock
+
+        return ("trio", {"clock": MockClock(autojump_threshold=0)})
+    return "asyncio"
+
+
+@pytest.fixture
+def virtual_time(anyio_backend: Any) -> bool:
+    """Whether the test runs on the virtual clock (exact timings can be asserted)."""
+    return isinstance(anyio_backend, tuple)
