@@ -250,6 +250,7 @@ class ShutdownCoordinator:
             Phase.DRAINING: [],
             Phase.STOPPING: [],
         }
+        self._cleanups: list[Hook] = []  # adapters' STOPPING work, before user hooks
         self._changed: anyio.Event | None = None
         self._running = False
         self._request_tracker = _RequestTracker(self)
@@ -355,7 +356,8 @@ class ShutdownCoordinator:
         Order: ``ACCEPTING`` and ``DRAINING`` hooks run in registration order, in the
         background, as their phase begins; ``STOPPING`` hooks run in reverse registration
         order (like :class:`contextlib.ExitStack`) before the coordinator reports
-        ``STOPPED``.  A phase that is skipped by an escalation skips its hooks;
+        ``STOPPED``, after the adapters' own cleanup (cancelling what is left, the ASGI
+        lifespan shutdown).  A phase that is skipped by an escalation skips its hooks;
         ``STOPPING`` hooks always run.  Each hook gets at most ``hook_timeout_s`` and never
         runs past the kill deadline; one that raises or times out is logged and the rest
         still run.  Async hooks run on the event loop; synchronous ones in a worker
@@ -372,10 +374,20 @@ class ShutdownCoordinator:
             raise ValueError(f"hook must be callable, got {hook!r}")
         self._hooks[phase].append(hook)
 
+    def _add_cleanup(self, hook: Hook) -> None:
+        """For adapters: run ``hook`` at STOPPING before any user hook (cancel what is
+        left, run the app's lifespan shutdown).  Bounded like a hook."""
+        self._cleanups.append(hook)
+
     # ------------------------------------------------------------------- triggers
 
     def request_shutdown(
-        self, reason: str = "requested", *, escalate: bool = True, immediate: bool = False
+        self,
+        reason: str = "requested",
+        *,
+        escalate: bool = True,
+        immediate: bool = False,
+        drain_now: bool = False,
     ) -> None:
         """Ask for shutdown; the phase changes before this returns.
 
@@ -388,6 +400,8 @@ class ShutdownCoordinator:
             escalate: Count this request towards escalation.  The preStop endpoint
                 passes ``False``: asking twice for the same shutdown is not a hurry.
             immediate: Go to *stopping* at once (SIGQUIT, gunicorn's quick shutdown).
+            drain_now: Skip *accepting* and drain at once, whatever the policy (a
+                worker recycled after ``max_requests`` while its siblings keep serving).
         """
         now = self._now()
         if self._requested_at is None:
@@ -407,6 +421,8 @@ class ShutdownCoordinator:
                 os._exit(1)
         elif self._phase is Phase.SERVING:
             self._advance(Phase.ACCEPTING, reason)
+            if drain_now:
+                self._advance(Phase.DRAINING, f"{reason} (no accepting period)")
 
     def notify_endpoint_removed(self) -> None:
         """Report that the pod is gone from its EndpointSlice (no more new traffic)."""
@@ -425,13 +441,30 @@ class ShutdownCoordinator:
         """
         return await self._wait_until(lambda: self._phase >= phase, timeout_s)
 
-    async def wait_drained(self, *, timeout_s: float | None = None) -> bool:
+    async def wait_drained(
+        self, *, include_connections: bool = True, timeout_s: float | None = None
+    ) -> bool:
         """Wait until no connection, request or session is left.
 
+        Also returns once *stopping* began, since nothing drains after that.
+
+        Args:
+            include_connections: ``False`` waits for requests and sessions only (the
+                preStop endpoint's own connection is still open while it waits).
+            timeout_s: Give up after this long.
+
         Returns:
-            ``True`` if drained, ``False`` if ``timeout_s`` elapsed first.
+            ``True`` if drained, ``False`` if stopping began or ``timeout_s`` elapsed
+            first.
         """
-        return await self._wait_until(lambda: self.drained, timeout_s)
+
+        def drained() -> bool:
+            if self._requests or self._sessions:
+                return False
+            return not (include_connections and self._connections)
+
+        await self._wait_until(lambda: drained() or self._phase >= Phase.STOPPING, timeout_s)
+        return drained()
 
     def drain_time_left(self) -> float | None:
         """Seconds until the drain deadline, once draining; ``None`` before, or if
@@ -587,7 +620,9 @@ class ShutdownCoordinator:
 
     async def _run_hooks(self, phase: Phase) -> None:
         hooks = self._hooks[phase]
-        for hook in reversed(hooks) if phase is Phase.STOPPING else list(hooks):
+        if phase is Phase.STOPPING:
+            hooks = [*self._cleanups, *reversed(hooks)]
+        for hook in list(hooks):
             timeout = self.hook_timeout_s
             kill = self._kill_deadline()
             if kill is not None:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
@@ -47,6 +46,7 @@ from typing import Any, TypeVar
 from typing_extensions import Self, final
 
 from ._coordinator import ShutdownCoordinator
+from ._listeners import close_keeping_backlog
 from ._policy import Phase
 
 __all__ = ("GracefulServer", "create_server", "start_server")
@@ -136,6 +136,7 @@ class GracefulServer:
         self._all_closed.set()
         #: Set when the server starts draining (the listener is closed).
         self.draining = asyncio.Event()
+        self._backlog_tasks: list[asyncio.Task[object]] = []
         self._unsubscribe = coordinator.subscribe(self._on_phase)
 
     def _wrapped_factory(self) -> _Tracking:
@@ -225,29 +226,8 @@ class GracefulServer:
     def _stop_listening(self) -> None:
         """Close the listener without resetting connections in the accept backlog."""
         server, self._server = self._server, None
-        if server is None:
-            return
-        dups: list[socket.socket] = []
-        for listening in server.sockets:  # type: ignore[attr-defined]
-            try:
-                dup = socket.socket(fileno=os.dup(listening.fileno()))
-            except OSError:
-                continue
-            dup.setblocking(False)
-            dups.append(dup)
-        backlog = _accept_all(dups)
-        server.close()  # the loop stops reading; the dups keep the sockets listening
-        backlog += _accept_all(dups)  # whatever arrived meanwhile
-        for dup in dups:
-            dup.close()
-        for sock in backlog:
-            self._loop.create_task(self._serve_accepted(sock))
-
-    async def _serve_accepted(self, sock: socket.socket) -> None:
-        try:
-            await self._loop.connect_accepted_socket(self._wrapped_factory, sock)
-        except OSError:
-            sock.close()
+        if server is not None:
+            self._backlog_tasks = close_keeping_backlog([server], self._wrapped_factory, self._loop)
 
     async def wait_closed(self, *, timeout_s: float | None = None) -> bool:
         """Wait until every connection of this server is closed.
@@ -283,21 +263,6 @@ class GracefulServer:
     ) -> None:
         self.close()
         await self.wait_closed(timeout_s=1.0)
-
-
-def _accept_all(listeners: list[socket.socket]) -> list[socket.socket]:
-    accepted: list[socket.socket] = []
-    for listener in listeners:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                break
-            sock.setblocking(False)
-            accepted.append(sock)
-    return accepted
 
 
 async def create_server(

@@ -104,7 +104,9 @@ async def test_refuse_immediately_drains_in_flight_requests(scale: float) -> Non
         with c.track_request():
             c.request_shutdown("test")
             assert await c.wait_for_phase(Phase.DRAINING, timeout_s=10)
-            assert c.draining and c.nudging and not c.accepting
+            assert c.draining
+            assert c.nudging
+            assert not c.accepting
             await anyio.sleep(1 * scale)
             assert c.phase is Phase.DRAINING  # the request holds the drain open
             assert c.statistics().requests == 1
@@ -302,7 +304,8 @@ async def test_hooks_run_in_documented_order_and_failures_are_contained(
         "hook test_hooks_run_in_documented_order_and_failures_are_contained.<locals>.hangs"
         " timed out" in caplog.text
     )
-    assert "stopping hook" in caplog.text and "raises failed" in caplog.text
+    assert "stopping hook" in caplog.text
+    assert "raises failed" in caplog.text
 
 
 async def test_sync_hooks_run_in_a_thread_and_hanging_ones_are_abandoned(
@@ -320,7 +323,8 @@ async def test_sync_hooks_run_in_a_thread_and_hanging_ones_are_abandoned(
         c.request_shutdown("test")
         assert await c.wait_for_phase(Phase.STOPPED, timeout_s=10)
     release.set()
-    assert ran and ran[0] != threading.main_thread().name
+    assert ran
+    assert ran[0] != threading.main_thread().name
     assert "timed out after 0.1 s" in caplog.text
 
 

@@ -1,0 +1,312 @@
+"""Pure ASGI middleware: tracks requests and sessions, nudges clients, serves health checks.
+
+::
+
+    coordinator = graceful.ShutdownCoordinator()
+    app = GracefulMiddleware(app, coordinator=coordinator)
+    # Starlette:  Middleware(GracefulMiddleware, coordinator=coordinator)
+    # FastAPI:    app.add_middleware(GracefulMiddleware, coordinator=coordinator)
+
+What it does per scope type
+---------------------------
+``http``
+    Counted as an in-flight request for the whole ASGI call.  While the coordinator
+    nudges (accepting, if the policy says so, and always while draining), HTTP/1.x
+    responses get ``Connection: close`` so keep-alive clients reconnect — through the load
+    balancer, to another backend.  Never on HTTP/2 or HTTP/3, where the header is illegal
+    and servers drop it; there the server adapter sends GOAWAY.
+``websocket``
+    Counted as a session.  When draining begins the app has ``websocket_close_grace_s`` to
+    close by itself; then the middleware sends a close frame with code 1001 (going away),
+    and the server delivers ``websocket.disconnect`` to the app once the client answers.
+``lifespan``
+    Passed through; readiness answers 503 until startup completed (when the server runs
+    lifespan at all).
+
+Streaming handlers (SSE, long polls) find a :class:`DrainSignal` in
+``scope["extensions"]["graceful"]`` (or via :func:`drain_signal`) to learn that draining
+began and how long is left, so they can end the stream cleanly.
+
+Health endpoints (configurable paths, ``None`` disables one):
+
+* readiness (default ``/readyz``): 200 while serving, 503 from the moment shutdown is
+  requested — health-checking load balancers deprogram the backend;
+* liveness (default ``/livez``): 200 until stopped;
+* preStop (default off, e.g. ``/prestop``): requests shutdown and answers only once the
+  drain is done (or at the drain deadline), for Kubernetes ``lifecycle.preStop.httpGet``.
+  It is off by default because anyone who can reach it can stop the server: expose it
+  only on a port your ingress does not route.
+
+Health requests are not counted as in-flight requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+import anyio
+from typing_extensions import final
+
+from ._coordinator import ShutdownCoordinator
+from ._policy import Phase
+
+__all__ = ("DrainSignal", "GracefulMiddleware", "drain_signal")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+logger = logging.getLogger("graceful")
+
+_CLOSE: Final = (b"connection", b"close")
+_TEXT: Final = [(b"content-type", b"text/plain; charset=utf-8")]
+
+
+@final
+class DrainSignal:
+    """What a handler may know about the shutdown (one shared object per middleware).
+
+    Found in ``scope["extensions"]["graceful"]``.  A streaming handler typically does::
+
+        signal = graceful.asgi.drain_signal(scope)
+        while not signal.draining:
+            ...send the next event...
+        ...send a final event and end the stream...
+    """
+
+    __slots__ = ("coordinator",)
+
+    def __init__(self, coordinator: ShutdownCoordinator) -> None:
+        self.coordinator: Final = coordinator
+
+    @property
+    def draining(self) -> bool:
+        """``True`` once draining began: finish the current message and end."""
+        return self.coordinator.draining
+
+    @property
+    def shutdown_requested(self) -> bool:
+        """``True`` once shutdown was requested (still accepting, perhaps)."""
+        return self.coordinator.shutdown_requested
+
+    async def wait(self, *, timeout_s: float | None = None) -> bool:
+        """Wait until draining begins; ``False`` if ``timeout_s`` elapsed first."""
+        return await self.coordinator.wait_for_phase(Phase.DRAINING, timeout_s=timeout_s)
+
+    def time_left_s(self) -> float | None:
+        """Seconds until the drain deadline (``None`` before draining or without one)."""
+        return self.coordinator.drain_time_left()
+
+
+def drain_signal(scope: Scope) -> DrainSignal | None:
+    """Return the :class:`DrainSignal` of the request, or ``None`` outside the middleware."""
+    extensions = scope.get("extensions") or {}
+    signal = extensions.get("graceful")
+    return signal if isinstance(signal, DrainSignal) else None
+
+
+def _check_path(name: str, value: str | None) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
+        raise ValueError(f"{name} must be a path starting with '/' or None, got {value!r}")
+    return value
+
+
+@final
+class GracefulMiddleware:
+    """ASGI middleware that reports to and obeys a :class:`~graceful.ShutdownCoordinator`.
+
+    Args:
+        app: The ASGI application.
+        coordinator: The process's coordinator.
+        readiness_path: Readiness endpoint (``None``: none).
+        liveness_path: Liveness endpoint (``None``: none).
+        prestop_path: preStop endpoint (``None``: none; see the module docs).
+        websocket_close_grace_s: How long a websocket may stay open after draining began
+            before the middleware closes it with code 1001.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        coordinator: ShutdownCoordinator,
+        readiness_path: str | None = "/readyz",
+        liveness_path: str | None = "/livez",
+        prestop_path: str | None = None,
+        websocket_close_grace_s: float = 1.0,
+    ) -> None:
+        if not isinstance(coordinator, ShutdownCoordinator):
+            raise ValueError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
+        if (
+            isinstance(websocket_close_grace_s, bool)
+            or not isinstance(websocket_close_grace_s, (int, float))
+            or not math.isfinite(websocket_close_grace_s)
+            or websocket_close_grace_s < 0
+        ):
+            raise ValueError(
+                "websocket_close_grace_s must be a finite number of seconds >= 0, got "
+                f"{websocket_close_grace_s!r}"
+            )
+        self.app = app
+        self.coordinator = coordinator
+        self.websocket_close_grace_s = float(websocket_close_grace_s)
+        self._health: dict[str, Callable[[Send], Awaitable[None]]] = {}
+        for name, path, handler in (
+            ("readiness_path", readiness_path, self._readiness),
+            ("liveness_path", liveness_path, self._liveness),
+            ("prestop_path", prestop_path, self._prestop),
+        ):
+            if _check_path(name, path) is not None:
+                assert path is not None
+                self._health[path] = handler
+        self._signal = DrainSignal(coordinator)
+        self._lifespan_seen = False
+        self._started = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            health = self._health.get(scope["path"]) if self._health else None
+            if health is not None:
+                await health(send)
+                return
+            self._add_extension(scope)
+            with self.coordinator.track_request():
+                await self._http(scope, receive, send)
+        elif kind == "websocket":
+            self._add_extension(scope)
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan":
+            await self.app(scope, self._observe_lifespan(receive), self._observe_send(send))
+        else:
+            await self.app(scope, receive, send)
+
+    def _add_extension(self, scope: Scope) -> None:
+        extensions = scope.get("extensions")
+        scope["extensions"] = (
+            {**extensions, "graceful": self._signal} if extensions else {"graceful": self._signal}
+        )
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        coordinator = self.coordinator
+        nudge = scope.get("http_version", "1.1") not in ("2", "3")
+        started = False
+
+        async def wrapped_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if nudge and coordinator.nudging:
+                    headers = [
+                        (k, v)
+                        for k, v in message.get("headers", ())
+                        if k.lower() not in (b"connection", b"keep-alive")
+                    ]
+                    headers.append(_CLOSE)
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, wrapped_send)
+        except anyio.get_cancelled_exc_class():
+            if coordinator.phase < Phase.STOPPING:
+                raise
+            # Cut by stopping (drain deadline or escalation): answer cleanly, not 500 or hang.
+            logger.warning("request %s cut: %s", scope.get("path"), coordinator.statistics().reason)
+            if not started:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 503,
+                        "headers": [*_TEXT, _CLOSE, (b"retry-after", b"0")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b"server shutting down\n"})
+
+    # ----------------------------------------------------------------- websockets
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        closed = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal closed
+            if message["type"] in ("websocket.close", "websocket.http.response.start"):
+                if closed:
+                    return
+                closed = True
+            await send(message)
+
+        async def close_going_away() -> None:
+            await anyio.sleep(self.websocket_close_grace_s)
+            if not closed:
+                await tracking_send(
+                    {"type": "websocket.close", "code": 1001, "reason": "server shutting down"}
+                )
+
+        async with anyio.create_task_group() as tg:
+
+            def on_drain() -> None:
+                tg.start_soon(close_going_away)
+
+            with self.coordinator.track_session(on_drain):
+                await self.app(scope, receive, tracking_send)
+            tg.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------- lifespan
+
+    def _observe_lifespan(self, receive: Receive) -> Receive:
+        async def observed() -> Message:
+            message = await receive()
+            self._lifespan_seen = True
+            return message
+
+        return observed
+
+    def _observe_send(self, send: Send) -> Send:
+        async def observed(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                self._started = True
+            await send(message)
+
+        return observed
+
+    # --------------------------------------------------------------------- health
+
+    async def _respond(self, send: Send, status: int, text: str) -> None:
+        body = text.encode()
+        headers = [*_TEXT, (b"content-length", str(len(body)).encode())]
+        if self.coordinator.nudging:
+            headers.append(_CLOSE)
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _readiness(self, send: Send) -> None:
+        c = self.coordinator
+        if c.shutdown_requested:
+            await self._respond(send, 503, f"shutting down ({c.phase})\n")
+        elif self._lifespan_seen and not self._started:
+            await self._respond(send, 503, "starting\n")
+        else:
+            await self._respond(send, 200, "ready\n")
+
+    async def _liveness(self, send: Send) -> None:
+        if self.coordinator.phase is Phase.STOPPED:
+            await self._respond(send, 503, "stopped\n")
+        else:
+            await self._respond(send, 200, f"alive ({self.coordinator.phase})\n")
+
+    async def _prestop(self, send: Send) -> None:
+        c = self.coordinator
+        c.request_shutdown("preStop", escalate=False)
+        # The asking connection stays open, so wait for requests and sessions only.
+        await c.wait_for_phase(Phase.DRAINING)
+        await c.wait_drained(include_connections=False)
+        s = c.statistics()
+        await self._respond(
+            send, 200, f"{s.phase}: {s.requests} requests, {s.sessions} sessions left\n"
+        )
