@@ -103,6 +103,8 @@ class Server(uvicorn.Server):
             omitted).
         wrap_app: Wrap the app in :class:`~graceful.asgi.GracefulMiddleware`.  Pass
             ``False`` if you added it yourself (with the same coordinator).
+        quick_signals: Signals that stop at once instead of starting the policy
+            (gunicorn workers add SIGINT, its "quick shutdown").
         middleware_options: Keyword arguments for the middleware (health paths,
             ``websocket_close_grace_s``).
     """
@@ -113,9 +115,11 @@ class Server(uvicorn.Server):
         *,
         coordinator: ShutdownCoordinator | None = None,
         wrap_app: bool = True,
+        quick_signals: tuple[int, ...] = (signal.SIGQUIT,),
         **middleware_options: Any,
     ) -> None:
         super().__init__(config)
+        self._quick_signals = quick_signals
         self.coordinator = coordinator if coordinator is not None else ShutdownCoordinator()
         self._wrap_app = wrap_app
         self._middleware_options = middleware_options
@@ -183,7 +187,7 @@ class Server(uvicorn.Server):
 
     def _request_shutdown(self, sig: int) -> None:
         name = signal.Signals(sig).name
-        self.coordinator.request_shutdown(name, immediate=sig == signal.SIGQUIT)
+        self.coordinator.request_shutdown(name, immediate=sig in self._quick_signals)
 
     # -------------------------------------------------------------- the phases
 
