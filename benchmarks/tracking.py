@@ -61,12 +61,12 @@ def main() -> None:
     print(f"tracking overhead, {args.requests:,} requests x {args.repeats} repeats")
     print(f"{'':>10} {'min':>9} {'median':>9} {'max':>9}   (ns per request)")
     for name, values in results.items():
-        print(
-            f"{name:>10} {min(values):9.1f} {statistics.median(values):9.1f} {max(values):9.1f}"
-        )
-    ratio = [t / b for t, b in zip(results["tracked"], results["bare"])]
-    print(f"{'ratio':>10} {min(ratio):9.2f} {statistics.median(ratio):9.2f} {max(ratio):9.2f}"
-          "   (tracked / bare loop time)")
+        print(f"{name:>10} {min(values):9.1f} {statistics.median(values):9.1f} {max(values):9.1f}")
+    ratio = [t / b for t, b in zip(results["tracked"], results["bare"], strict=True)]
+    print(
+        f"{'ratio':>10} {min(ratio):9.2f} {statistics.median(ratio):9.2f} {max(ratio):9.2f}"
+        "   (tracked / bare loop time)"
+    )
 
 
 if __name__ == "__main__":

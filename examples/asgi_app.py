@@ -33,6 +33,7 @@ async def hello(request: Request) -> Response:
 
 async def slow(request: Request) -> Response:
     seconds = float(request.query_params.get("s", "1"))
+    print(f"slow request started ({seconds:g} s)", flush=True)  # tests wait for this line
     await anyio.sleep(seconds)
     return PlainTextResponse(f"slept {seconds:g}\n")
 
@@ -59,6 +60,7 @@ async def sse(request: Request) -> Response:
 
 async def echo(websocket: WebSocket) -> None:
     await websocket.accept()
+    print("websocket accepted", flush=True)
     try:
         while True:
             await websocket.send_text(await websocket.receive_text())

@@ -708,8 +708,9 @@ class ShutdownCoordinator:
         self._notify()
 
     def _check_drained(self) -> None:
-        if self.drained:
-            self._notify()
+        # Called while draining when requests, sessions or connections reach zero; wake
+        # every waiter (wait_drained may ignore connections, so don't filter here).
+        self._notify()
 
     def _notify(self) -> None:
         event, self._changed = self._changed, None

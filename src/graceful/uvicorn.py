@@ -231,11 +231,8 @@ class Server(uvicorn.Server):
 
     async def _tick_until(self, phase: Phase) -> None:
         """Keep uvicorn's housekeeping (date header, gunicorn heartbeat) going."""
-        assert self._wake is not None
         counter = 0
-        while self.coordinator.phase < phase:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 0.1)
+        while not await self.coordinator.wait_for_phase(phase, timeout_s=0.1):
             counter = (counter + 1) % 864000
             await self.on_tick(counter)
 

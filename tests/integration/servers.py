@@ -1,0 +1,188 @@
+"""Real server processes for integration tests: start, wait for log lines, signal, reap."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import ClassVar
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServerProcess:
+    """A server subprocess whose merged output is read line by line in a thread.
+
+    Tests wait on log lines (``wait_for_line``) or on the exit, never on the clock.
+    """
+
+    def __init__(self, args: list[str], *, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self.proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.port = 0
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for_line(
+        self, pattern: str, timeout_s: float = 15.0, *, count: int = 1
+    ) -> re.Match[str]:
+        """Wait until ``count`` output lines match ``pattern``; return the last match."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout_s
+        matches: list[re.Match[str]] = []
+        seen = 0
+        with self._cond:
+            while True:
+                for line in self.lines[seen:]:
+                    if match := regex.search(line):
+                        matches.append(match)
+                        if len(matches) >= count:
+                            return match
+                seen = len(self.lines)
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(
+                        f"{len(matches)} of {count} lines matching {pattern!r} within "
+                        f"{timeout_s} s; output:\n" + self.output()
+                    )
+                self._cond.wait(min(left, 0.5))
+
+    def has_line(self, pattern: str) -> bool:
+        with self._cond:
+            return any(re.search(pattern, line) for line in self.lines)
+
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout_s: float = 15.0) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"process still running after {timeout_s} s; output:\n{self.output()}"
+            ) from None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def graceful_run(*options: str, app: str = "examples.asgi_app:app") -> ServerProcess:
+    """Start ``graceful run`` on a free port and wait until it listens."""
+    server = ServerProcess([sys.executable, "-m", "graceful", "run", app, "--port", "0", *options])
+    server.port = int(server.wait_for_line(r"running on http://127\.0\.0\.1:(\d+)").group(1))
+    return server
+
+
+def stock_uvicorn(*options: str, app: str = "examples.asgi_app:app") -> ServerProcess:
+    server = ServerProcess([sys.executable, "-m", "uvicorn", app, "--port", "0", *options])
+    server.port = int(server.wait_for_line(r"running on http://127\.0\.0\.1:(\d+)").group(1))
+    return server
+
+
+def connection_refused(port: int) -> bool:
+    """``True`` if a TCP connect to ``port`` is refused (not accepted, not reset)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+class RawHTTP:
+    """One HTTP/1.1 connection over a raw socket, for keep-alive behaviour.
+
+    Every instance is closed by :func:`close_all` (an autouse fixture calls it).
+    """
+
+    opened: ClassVar[list[RawHTTP]] = []
+
+    def __init__(self, port: int, timeout_s: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+        self._buffer = b""
+        RawHTTP.opened.append(self)
+
+    @classmethod
+    def close_all(cls) -> None:
+        while cls.opened:
+            cls.opened.pop().close()
+
+    def send(self, path: str, *, headers: str = "") -> None:
+        self.sock.sendall(f"GET {path} HTTP/1.1\r\nhost: test\r\n{headers}\r\n".encode())
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self._buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionResetError(f"closed before a response: {self._buffer!r}")
+            self._buffer += chunk
+        head, _, rest = self._buffer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {
+            k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])
+        }
+        if headers.get("transfer-encoding") == "chunked":
+            while b"0\r\n\r\n" not in rest:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionResetError("closed mid-body")
+                rest += chunk
+            body, _, self._buffer = rest.partition(b"0\r\n\r\n")
+        else:
+            length = int(headers.get("content-length", "0"))
+            while len(rest) < length:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionResetError("closed mid-body")
+                rest += chunk
+            body, self._buffer = rest[:length], rest[length:]
+        return int(lines[0].split()[1]), headers, body
+
+    def get(self, path: str) -> tuple[int, dict[str, str], bytes]:
+        self.send(path)
+        return self.response()
+
+    def closed_by_peer(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the server closes the connection (EOF or reset)."""
+        self.sock.settimeout(timeout_s)
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()
