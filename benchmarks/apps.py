@@ -25,3 +25,4 @@ async def bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 wrapped = GracefulMiddleware(bare, coordinator=ShutdownCoordinator())
+

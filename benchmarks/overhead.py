@@ -64,6 +64,11 @@ COMMON = [
 ]
 
 
+# One core each for the server and the client, so that they don't share one by chance.
+PIN_SERVER = ["taskset", "-c", "0"] if shutil.which("taskset") else []
+PIN_CLIENT = ["taskset", "-c", "1"] if shutil.which("taskset") else []
+
+
 def run_wrk(port: int, duration_s: float, connections: int) -> tuple[float, float]:
     out = subprocess.run(
         [
@@ -90,7 +95,7 @@ def run_wrk(port: int, duration_s: float, connections: int) -> tuple[float, floa
 def measure(name: str, duration_s: float, connections: int) -> tuple[float, float]:
     port = free_port()
     cmd = [*SERVERS[name](port), *COMMON, "--port", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*PIN_SERVER, *cmd], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_listening(port)
         run_wrk(port, 1, connections)  # warm up

@@ -14,7 +14,10 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from urllib.parse import parse_qs, urlsplit
+
+import anyio
 
 import graceful
 import graceful.asyncio
@@ -46,17 +49,21 @@ def make_handler(server_ref: list[graceful.asyncio.GracefulServer]):  # type: ig
         server = server_ref[0]
         coordinator = server.coordinator
         try:
+            first = True
             while True:
                 # Wait for the next request only while not draining: an idle keep-alive
-                # connection closes when draining begins, a request being read is served.
+                # connection closes when draining begins; a new connection's first request
+                # (it may come from the accept backlog, after draining began) is served.
                 if reader.at_eof():
                     break
-                request = await server.unless_draining(read_request(reader))
+                request = await server.unless_draining(read_request(reader), first=first)
+                first = False
                 if request is None:
                     break
                 _method, target, headers = request
                 with coordinator.track_request():
                     url = urlsplit(target)
+                    print(f"request started: {url.path}", flush=True)
                     if url.path == "/slow":
                         seconds = float(parse_qs(url.query).get("s", ["1"])[0])
                         await asyncio.sleep(seconds)
@@ -90,6 +97,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, grace
     parser.add_argument("--max-wait", type=float, default=None)
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     parser.add_argument("--grace-period", type=float, default=None)
+    parser.add_argument(
+        "--backlog-pause",
+        type=float,
+        default=0.0,
+        help="for tests: stop the event loop for this long right after start-up, so that "
+        "connections pile up in the kernel's accept backlog (a busy server, simulated)",
+    )
     args = parser.parse_args(argv)
     try:
         policy = graceful.policy_from_name(
@@ -109,10 +123,13 @@ async def main(args: argparse.Namespace, policy: graceful.Policy) -> None:
         make_handler(server_ref), args.host, args.port, coordinator=coordinator
     )
     server_ref.append(server)
-    host, port = server.sockets[0].getsockname()[:2]
-    print(f"listening on {host}:{port}", flush=True)
-    async with server:
-        await coordinator.run()
+    async with server, anyio.create_task_group() as tg:
+        await tg.start(coordinator.run)  # returns once the signal handlers are installed
+        host, port = server.sockets[0].getsockname()[:2]
+        print(f"listening on {host}:{port}", flush=True)
+        if args.backlog_pause:
+            print("accept loop paused", flush=True)
+            time.sleep(args.backlog_pause)  # noqa: ASYNC251 - blocks the loop on purpose
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._coordinator import ShutdownCoordinator
 
 __all__ = ("close_keeping_backlog",)
 
@@ -44,10 +48,15 @@ def close_keeping_backlog(
     servers: Iterable[asyncio.AbstractServer],
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     loop: asyncio.AbstractEventLoop,
+    coordinator: ShutdownCoordinator,
     *,
     extra_sockets: Iterable[socket.socket] = (),
 ) -> list[asyncio.Task[object]]:
     """Close ``servers`` (and ``extra_sockets``); serve the backlog with ``protocol_factory``.
+
+    Each backlog socket counts as an open connection from the moment it is accepted
+    until its protocol took over, so the coordinator cannot declare the drain done while
+    the hand-over is still under way.
 
     Returns:
         The tasks connecting the accepted backlog sockets (already scheduled).
@@ -72,16 +81,21 @@ def close_keeping_backlog(
         dup.close()
     if backlog:
         logger.debug("serving %d connections from the accept backlog", len(backlog))
-    return [loop.create_task(_serve(loop, protocol_factory, sock)) for sock in backlog]
+    for _ in backlog:
+        coordinator.connection_opened()
+    return [loop.create_task(_serve(loop, protocol_factory, sock, coordinator)) for sock in backlog]
 
 
 async def _serve(
     loop: asyncio.AbstractEventLoop,
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     sock: socket.socket,
+    coordinator: ShutdownCoordinator,
 ) -> object:
     try:
         return await loop.connect_accepted_socket(protocol_factory, sock)
     except OSError:
         sock.close()
         return None
+    finally:
+        coordinator.connection_closed()  # the protocol reports the connection itself

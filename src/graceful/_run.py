@@ -145,6 +145,13 @@ OPTIONS: tuple[_Option, ...] = (
         1.0,
         "seconds a websocket may stay open once draining before it is closed with 1001",
     ),
+    _Option(
+        ("--timeout-keep-alive",),
+        "timeout_keep_alive",
+        _seconds,
+        5.0,
+        "close idle keep-alive connections after this long, s (uvicorn's option)",
+    ),
     _Option(("--http",), "http", _choice("auto", "h11", "httptools"), "auto", "HTTP parser"),
     _Option(("--loop",), "loop", _choice("auto", "asyncio", "uvloop"), "auto", "event loop"),
     _Option(
@@ -276,6 +283,7 @@ def _serve_one(args: argparse.Namespace, policy: Policy) -> int:
         port=args.port,
         http=args.http,
         loop=args.loop,
+        timeout_keep_alive=args.timeout_keep_alive,
         log_level=args.log_level,
     )
     server = Server(
@@ -286,6 +294,11 @@ def _serve_one(args: argparse.Namespace, policy: Policy) -> int:
         prestop_path=args.prestop_path,
         websocket_close_grace_s=args.websocket_close_grace,
     )
+    # The process is ours: once the server restored the handlers it found, a late signal
+    # (the kubelet's SIGTERM after a preStop hook drained us) must not kill the exiting
+    # process with a signal status.  The server installs its own handlers at once.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
     sockets = None
     if args.worker_fd is not None:
         sockets = [socket.socket(fileno=args.worker_fd)]

@@ -164,19 +164,30 @@ class GracefulServer:
         """Connections currently open on this server."""
         return len(self._connections)
 
-    async def unless_draining(self, awaitable: Awaitable[T]) -> T | None:
+    async def unless_draining(self, awaitable: Awaitable[T], *, first: bool = False) -> T | None:
         """Await ``awaitable`` unless (or until) the server is draining.
 
         Wrap the read of the *next* message in it: an idle keep-alive connection then
         ends when draining begins, while a message already being handled is finished::
 
-            while (line := await server.unless_draining(reader.readline())):
+            first = True
+            while (line := await server.unless_draining(reader.readline(), first=first)):
+                first = False
                 ...
+
+        Args:
+            awaitable: The read of the next message.
+            first: This is the connection's first message.  A client that connected has
+                sent, or is about to send, its request — connections from the accept
+                backlog arrive after draining began — so it is awaited regardless (the
+                drain deadline still bounds it).
 
         Returns:
             The awaitable's result, or ``None`` if draining began first (the awaitable
             is cancelled).
         """
+        if first:
+            return await awaitable
         if self.is_draining:
             if asyncio.iscoroutine(awaitable):
                 awaitable.close()
@@ -227,7 +238,9 @@ class GracefulServer:
         """Close the listener without resetting connections in the accept backlog."""
         server, self._server = self._server, None
         if server is not None:
-            self._backlog_tasks = close_keeping_backlog([server], self._wrapped_factory, self._loop)
+            self._backlog_tasks = close_keeping_backlog(
+                [server], self._wrapped_factory, self._loop, self.coordinator
+            )
 
     async def wait_closed(self, *, timeout_s: float | None = None) -> bool:
         """Wait until every connection of this server is closed.

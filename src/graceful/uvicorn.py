@@ -128,6 +128,7 @@ class Server(uvicorn.Server):
         self._transports: set[asyncio.BaseTransport] = set()
         self._http_class: type[Any] | None = None
         self._listening = True
+        self._signals_captured = False
         self.coordinator.subscribe(self._on_phase)
 
     # -------------------------------------------------------------- setting up
@@ -149,31 +150,36 @@ class Server(uvicorn.Server):
         """Serve until the coordinator stops (see :meth:`uvicorn.Server.serve`)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._prepare()
-        # Signals reach the coordinator through handle_exit, so give it a trigger that
-        # never fires: it must not install handlers of its own.
-        self.coordinator._add_cleanup(self._finish)
-        task = asyncio.ensure_future(self.coordinator.run(shutdown_trigger=_never))
-        try:
-            await super().serve(sockets)
-        finally:
-            if not task.done():
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Handlers first: a SIGTERM while the app is imported starts the shutdown once it
+        # is up, instead of killing the process. super().serve() nests capture_signals.
+        with self.capture_signals():
+            self._prepare()
+            self.coordinator._add_cleanup(self._finish)
+            # Signals reach the coordinator through handle_exit, so give it a trigger that
+            # never fires: it must not install handlers of its own.
+            task = asyncio.ensure_future(self.coordinator.run(shutdown_trigger=_never))
+            try:
+                await super().serve(sockets)
+            finally:
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # ----------------------------------------------------------------- signals
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         """Route SIGINT, SIGTERM and SIGQUIT to the coordinator; restore on exit."""
-        if threading.current_thread() is not threading.main_thread():
+        if self._signals_captured or threading.current_thread() is not threading.main_thread():
             yield
             return
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        self._signals_captured = True
         try:
             yield
         finally:
+            self._signals_captured = False
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -220,7 +226,7 @@ class Server(uvicorn.Server):
             return
         self._listening = False
         servers, self.servers = list(getattr(self, "servers", [])), []
-        close_keeping_backlog(servers, self._protocol_factory, self._loop)
+        close_keeping_backlog(servers, self._protocol_factory, self._loop, self.coordinator)
 
     def _protocol_factory(self) -> asyncio.Protocol:
         cls: Any = self.config.http_protocol_class  # uvicorn types it as asyncio.Protocol

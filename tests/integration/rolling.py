@@ -33,6 +33,7 @@ class Balancer:
         self._rr = itertools.count()
         self.routed: Counter[int] = Counter()
         self.refused = 0
+        self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -47,6 +48,15 @@ class Balancer:
         self._ready.set()
         self._loop.run_forever()
         server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self._loop.run_until_complete(asyncio.wait(pending, timeout=5))
+        self._loop.run_until_complete(asyncio.sleep(0))  # let the aborts complete
+        self._loop.close()
 
     def __enter__(self) -> Balancer:
         self._thread.start()
@@ -66,14 +76,22 @@ class Balancer:
         self._loop.call_soon_threadsafe(self._backends.append, backend)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            await self._proxy(reader, writer)
+        finally:
+            self._writers.discard(writer)
+            writer.close()  # flushes what is buffered; stop() aborts what is left
+
+    async def _proxy(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         backend = self._backends[next(self._rr) % len(self._backends)]
         self.routed[backend] += 1
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", backend)
         except OSError:
-            self.refused += 1
-            writer.transport.abort()  # like a rejected DNAT: the client sees a reset
+            self.refused += 1  # like a rejected DNAT: the client sees a reset
             return
+        self._writers.add(up_writer)
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             try:
@@ -86,9 +104,11 @@ class Balancer:
             with suppress(OSError):
                 dst.write_eof()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        writer.close()
-        up_writer.close()
+        try:
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        finally:
+            self._writers.discard(up_writer)
+            up_writer.close()
 
 
 class HTTPClient:
