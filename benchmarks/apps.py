@@ -25,4 +25,3 @@ async def bare(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 wrapped = GracefulMiddleware(bare, coordinator=ShutdownCoordinator())
-

@@ -95,7 +95,9 @@ def run_wrk(port: int, duration_s: float, connections: int) -> tuple[float, floa
 def measure(name: str, duration_s: float, connections: int) -> tuple[float, float]:
     port = free_port()
     cmd = [*SERVERS[name](port), *COMMON, "--port", str(port)]
-    proc = subprocess.Popen([*PIN_SERVER, *cmd], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*PIN_SERVER, *cmd], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         wait_listening(port)
         run_wrk(port, 1, connections)  # warm up

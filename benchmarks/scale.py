@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import signal
@@ -29,8 +30,15 @@ ROOT = Path(__file__).resolve().parent.parent
 APP = "benchmarks.apps:bare"
 SERVERS = {
     "uvicorn (stock)": [sys.executable, "-m", "uvicorn", APP],
-    "graceful run": [sys.executable, "-m", "graceful", "run", APP,
-                     "--policy", "refuse-immediately"],
+    "graceful run": [
+        sys.executable,
+        "-m",
+        "graceful",
+        "run",
+        APP,
+        "--policy",
+        "refuse-immediately",
+    ],
 }
 
 
@@ -72,20 +80,29 @@ async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, async
 
 async def wait_all_closed(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
     async def closed(reader: asyncio.StreamReader) -> None:
-        try:
+        with contextlib.suppress(OSError):
             await reader.read()
-        except OSError:
-            pass
 
     await asyncio.wait_for(asyncio.gather(*(closed(r) for r, _ in conns)), 60)
 
 
 async def one_run(name: str, n: int) -> tuple[float, float]:
     port = free_port()
-    proc = subprocess.Popen(
-        [*SERVERS[name], "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-         "--timeout-keep-alive", "300"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before any client
+        [
+            *SERVERS[name],
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--timeout-keep-alive",
+            "300",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + 15
@@ -129,15 +146,21 @@ def main() -> None:
         for name in SERVERS:
             results[name].append(asyncio.run(one_run(name, args.connections)))
     print(f"scale: {args.connections:,} idle keep-alive connections, {args.repeats} repeats")
-    print(f"{'server':>16} {'bytes/conn median':>18} {'SIGTERM -> all closed, s':>25}"
-          f" {'min':>6} {'max':>6}")
+    print(
+        f"{'server':>16} {'bytes/conn median':>18} {'SIGTERM -> all closed, s':>25}"
+        f" {'min':>6} {'max':>6}"
+    )
     for name, values in results.items():
         closes = [v[1] for v in values]
-        print(f"{name:>16} {statistics.median(v[0] for v in values):18.0f} "
-              f"{statistics.median(closes):25.3f} {min(closes):6.3f} {max(closes):6.3f}")
+        print(
+            f"{name:>16} {statistics.median(v[0] for v in values):18.0f} "
+            f"{statistics.median(closes):25.3f} {min(closes):6.3f} {max(closes):6.3f}"
+        )
     stock = statistics.median(v[0] for v in results["uvicorn (stock)"])
     graceful = statistics.median(v[0] for v in results["graceful run"])
-    print(f"graceful tracking, bytes per connection (difference of medians): {graceful - stock:.0f}")
+    print(
+        f"graceful tracking, bytes per connection (difference of medians): {graceful - stock:.0f}"
+    )
 
 
 if __name__ == "__main__":
