@@ -679,6 +679,12 @@ class ShutdownCoordinator:
         self._nudging = phase >= Phase.DRAINING or (
             phase is Phase.ACCEPTING and self.policy.nudge_clients
         )
+        # Adapters act first (the listener is closed when 'draining' is logged).
+        for listener in list(self._listeners):
+            try:
+                listener(phase)
+            except Exception:
+                logger.exception("phase listener %r failed", listener)
         extra = ""
         if phase is Phase.ACCEPTING:
             kill = self._kill_deadline()
@@ -697,11 +703,6 @@ class ShutdownCoordinator:
             len(self._sessions),
             extra,
         )
-        for listener in list(self._listeners):
-            try:
-                listener(phase)
-            except Exception:
-                logger.exception("phase listener %r failed", listener)
         if phase is Phase.DRAINING or (phase is Phase.STOPPING and previous < Phase.DRAINING):
             for session in list(self._sessions):
                 session._request_drain()
