@@ -8,6 +8,7 @@ every phase change (``serving -> accepting: SIGTERM``) — never on the clock.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -302,3 +303,49 @@ def rolling_restart(servers: list[ServerProcess], *, graceful: bool) -> dict[str
         load.wait_for_requests(total + 100, timeout_s=30)
     assert balancer.routed[a.port] > 0
     return load.failures()
+
+
+def test_workers_drain_together(servers: list[ServerProcess]) -> None:
+    server = ServerProcess(
+        [sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0",
+         "--workers", "2", *POLICIES["accept-until-idle"]]
+    )  # fmt: skip
+    servers.append(server)
+    server.port = int(server.wait_for_line(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
+    server.wait_for_line(r"Application startup complete", count=2)
+    clients = [RawHTTP(server.port) for _ in range(4)]
+    for client in clients:
+        client.send("/slow?s=1")
+    server.wait_for_line(r"slow request started", count=4)
+    server.signal(signal.SIGTERM)  # to the parent only, as in a container
+    server.wait_for_line(ACCEPTING, count=2)  # forwarded to both workers
+    assert [client.response()[0] for client in clients] == [200] * 4
+    assert server.wait_exit() == 0
+    assert server.output().count("stopping -> stopped") == 2
+
+
+def test_third_signal_exits_at_once(servers: list[ServerProcess]) -> None:
+    script = (
+        "import anyio, graceful, logging\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "c = graceful.ShutdownCoordinator(hook_timeout_s=60)\n"
+        "async def hang():\n"
+        "    print('hook hanging', flush=True)\n"
+        "    await anyio.sleep(60)\n"
+        "c.add_hook(hang)\n"
+        "async def main():\n"
+        "    async with anyio.create_task_group() as tg:\n"
+        "        await tg.start(c.run)\n"
+        "        print('ready', flush=True)\n"
+        "anyio.run(main)\n"
+    )
+    server = ServerProcess([sys.executable, "-c", script])
+    servers.append(server)
+    server.wait_for_line("ready")
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(ACCEPTING)
+    server.signal(signal.SIGTERM)
+    server.wait_for_line("hook hanging")
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(timeout_s=10) == 1
+    assert server.has_line("third shutdown request, exiting immediately")
