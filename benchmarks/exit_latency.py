@@ -15,15 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import ROOT, connect, free_port  # benchmarks/ is on sys.path when run as a script
+
 APP = "examples.asgi_app:app"
 
 SERVERS: dict[str, list[str]] = {
@@ -55,23 +54,6 @@ SERVERS: dict[str, list[str]] = {
         "refuse-immediately",
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def connect(port: int, timeout_s: float = 15.0) -> socket.socket:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=10)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 def one_run(name: str) -> float:

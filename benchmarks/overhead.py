@@ -20,32 +20,11 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_listening(port: int, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"server on port {port} did not start within {timeout_s} s")
-
+from _common import ROOT, connect, free_port  # benchmarks/ is on sys.path when run as a script
 
 SERVERS = {
     "bare": lambda port: [sys.executable, "-m", "uvicorn", "benchmarks.apps:bare"],
@@ -69,7 +48,14 @@ PIN_SERVER = ["taskset", "-c", "0"] if shutil.which("taskset") else []
 PIN_CLIENT = ["taskset", "-c", "1"] if shutil.which("taskset") else []
 
 
-def run_wrk(port: int, duration_s: float, connections: int) -> tuple[float, float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_wrk(port: int, duration_s: float, connections: int) -> tuple[float, float, int]:
     out = subprocess.run(
         [
             "wrk",
@@ -89,19 +75,24 @@ def run_wrk(port: int, duration_s: float, connections: int) -> tuple[float, floa
     assert p99 is not None, out
     value, unit = float(p99.group(1)), p99.group(2)
     p99_ms = value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
-    return rps, p99_ms
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    return rps, p99_ms, requests
 
 
-def measure(name: str, duration_s: float, connections: int) -> tuple[float, float]:
+def measure(name: str, duration_s: float, connections: int) -> tuple[float, float, float]:
+    """Throughput (req/s), p99 latency (ms) and server CPU per request (µs)."""
     port = free_port()
     cmd = [*SERVERS[name](port), *COMMON, "--port", str(port)]
     proc = subprocess.Popen(
         [*PIN_SERVER, *cmd], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     try:
-        wait_listening(port)
+        connect(port).close()
         run_wrk(port, 1, connections)  # warm up
-        return run_wrk(port, duration_s, connections)
+        cpu_before = cpu_seconds(proc.pid)
+        rps, p99_ms, requests = run_wrk(port, duration_s, connections)
+        cpu_us = (cpu_seconds(proc.pid) - cpu_before) / requests * 1e6
+        return rps, p99_ms, cpu_us
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -120,7 +111,7 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk not found: apt-get install wrk (Debian package)")
     os.chdir(ROOT)
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in SERVERS}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in SERVERS}
     for _ in range(args.repeats):
         for name in SERVERS:
             results[name].append(measure(name, args.duration, args.connections))
@@ -129,16 +120,24 @@ def main() -> None:
         f"{args.repeats} repeats, uvicorn httptools/asyncio"
     )
     print(
-        f"{'server':>14} {'req/s median':>13} {'p99 ms median':>14} "
-        f"{'ratio min':>10} {'median':>7} {'max':>6}"
+        f"{'server':>14} {'req/s':>7} {'p99 ms':>7} {'CPU us/req':>11}   "
+        f"{'throughput ratio min/median/max':>31}   {'CPU ratio median':>16}"
     )
     for name, values in results.items():
         ratios = [v[0] / b[0] for v, b in zip(values, results["bare"], strict=True)]
+        cpu = statistics.median(v[2] for v in values)
+        bare_cpu = statistics.median(v[2] for v in results["bare"])
         print(
-            f"{name:>14} {statistics.median(v[0] for v in values):13.0f} "
-            f"{statistics.median(v[1] for v in values):14.2f} "
-            f"{min(ratios):10.3f} {statistics.median(ratios):7.3f} {max(ratios):6.3f}"
+            f"{name:>14} {statistics.median(v[0] for v in values):7.0f} "
+            f"{statistics.median(v[1] for v in values):7.2f} {cpu:11.1f}   "
+            f"{min(ratios):9.3f} / {statistics.median(ratios):5.3f} / {max(ratios):5.3f}   "
+            f"{bare_cpu / cpu:16.3f}"
         )
+    print(
+        "medians over repeats; ratios against bare in the same repeat. CPU ratio = bare's "
+        "server CPU per request / this one's (a throughput ratio that ignores CPU stolen "
+        "by other processes on a shared machine)."
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import ROOT, free_port  # benchmarks/ is on sys.path when run as a script
+
 APP = "benchmarks.apps:bare"
 SERVERS = {
     "uvicorn (stock)": [sys.executable, "-m", "uvicorn", APP],
@@ -55,12 +56,6 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
@@ -139,7 +134,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    raise_nofile(args.connections * 2 + 1000)
+    raise_nofile(args.connections + 1000)  # each process holds one end of each connection
     os.chdir(ROOT)
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in SERVERS}
     for _ in range(args.repeats):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import anyio
 
@@ -39,6 +40,47 @@ def tracked(n: int, coordinator: ShutdownCoordinator) -> float:
     return (time.perf_counter_ns() - t0) / n
 
 
+SCOPE = {"type": "http", "path": "/", "http_version": "1.1", "query_string": b"", "headers": []}
+
+
+async def _receive() -> dict[str, object]:
+    return {"type": "http.request"}
+
+
+async def _send(message: object) -> None:
+    pass
+
+
+async def asgi_ns(app: Any, n: int) -> float:
+    t0 = time.perf_counter_ns()
+    for _ in range(n):
+        await app(dict(SCOPE), _receive, _send)
+    return (time.perf_counter_ns() - t0) / n
+
+
+async def measure_middleware(n: int, repeats: int) -> dict[str, list[float]]:
+    """The same hello-world ASGI app called in-process, bare and through the middleware."""
+    from graceful._demo.app import app
+    from graceful.asgi import GracefulMiddleware
+
+    wrapped = GracefulMiddleware(app, coordinator=ShutdownCoordinator())
+    results: dict[str, list[float]] = {"bare app": [], "middleware": [], "overhead": []}
+    for _ in range(repeats):
+        b = await asgi_ns(app, n)
+        m = await asgi_ns(wrapped, n)
+        results["bare app"].append(b)
+        results["middleware"].append(m)
+        results["overhead"].append(m - b)
+    return results
+
+
+def show(title: str, results: dict[str, list[float]]) -> None:
+    print(title)
+    print(f"{'':>10} {'min':>9} {'median':>9} {'max':>9}   (ns per request)")
+    for name, values in results.items():
+        print(f"{name:>10} {min(values):9.1f} {statistics.median(values):9.1f} {max(values):9.1f}")
+
+
 async def measure(n: int, repeats: int) -> dict[str, list[float]]:
     coordinator = ShutdownCoordinator()
     results: dict[str, list[float]] = {"bare": [], "tracked": [], "overhead": []}
@@ -58,15 +100,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     results = anyio.run(measure, args.requests, args.repeats)
-    print(f"tracking overhead, {args.requests:,} requests x {args.repeats} repeats")
-    print(f"{'':>10} {'min':>9} {'median':>9} {'max':>9}   (ns per request)")
-    for name, values in results.items():
-        print(f"{name:>10} {min(values):9.1f} {statistics.median(values):9.1f} {max(values):9.1f}")
+    show(f"tracking overhead, {args.requests:,} requests x {args.repeats} repeats", results)
     ratio = [t / b for t, b in zip(results["tracked"], results["bare"], strict=True)]
     print(
         f"{'ratio':>10} {min(ratio):9.2f} {statistics.median(ratio):9.2f} {max(ratio):9.2f}"
         "   (tracked / bare loop time)"
     )
+    calls = args.requests // 5
+    middleware = anyio.run(measure_middleware, calls, args.repeats)
+    show(f"\nGracefulMiddleware in-process, {calls:,} calls x {args.repeats} repeats", middleware)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,17 @@ _CLOSE: Final = (b"connection", b"close")
 _TEXT: Final = [(b"content-type", b"text/plain; charset=utf-8")]
 
 
+def _with_connection_close(message: Message) -> Message:
+    """``http.response.start`` with any connection header replaced by ``close``."""
+    headers = [
+        (k, v)
+        for k, v in message.get("headers", ())
+        if k.lower() not in (b"connection", b"keep-alive")
+    ]
+    headers.append(_CLOSE)
+    return {**message, "headers": headers}
+
+
 @final
 class DrainSignal:
     """What a handler may know about the shutdown (one shared object per middleware).
@@ -171,13 +182,44 @@ class GracefulMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            health = self._health.get(scope["path"]) if self._health else None
-            if health is not None:
-                await health(send)
-                return
-            self._add_extension(scope)
-            with self.coordinator.track_request():
-                await self._http(scope, receive, send)
+            if self._health:
+                health = self._health.get(scope["path"])
+                if health is not None:
+                    await health(send)
+                    return
+            extensions = scope.get("extensions")
+            if extensions is None:
+                scope["extensions"] = {"graceful": self._signal}
+            else:  # the server's dict for this request
+                extensions["graceful"] = self._signal
+            # The hot path, kept flat: coordinator.track_request() is inlined (a context
+            # manager costs as much as the rest of the middleware).  The send wrapper is
+            # needed even while serving: a request that started before SIGTERM must still
+            # nudge its client, and a cut request must know whether its response started.
+            c = self.coordinator
+            nudge = scope.get("http_version", "1.1") not in ("2", "3")
+            started = False
+
+            async def wrapped_send(message: Message) -> None:
+                nonlocal started
+                if message["type"] == "http.response.start":
+                    started = True
+                    if nudge and c._nudging:
+                        message = _with_connection_close(message)
+                await send(message)
+
+            c._requests += 1
+            c._requests_total += 1
+            try:
+                await self.app(scope, receive, wrapped_send)
+            except anyio.get_cancelled_exc_class():
+                if c._phase < Phase.STOPPING:
+                    raise
+                await self._cut(scope, send, started=started)
+            finally:
+                c._requests -= 1
+                if c._draining and not c._requests:
+                    c._check_drained()
         elif kind == "websocket":
             self._add_extension(scope)
             await self._websocket(scope, receive, send)
@@ -188,45 +230,27 @@ class GracefulMiddleware:
 
     def _add_extension(self, scope: Scope) -> None:
         extensions = scope.get("extensions")
-        scope["extensions"] = (
-            {**extensions, "graceful": self._signal} if extensions else {"graceful": self._signal}
+        if extensions is None:
+            scope["extensions"] = {"graceful": self._signal}
+        else:
+            extensions["graceful"] = self._signal
+
+    async def _cut(self, scope: Scope, send: Send, *, started: bool) -> None:
+        """A request cancelled by *stopping* (drain deadline, escalation): answer 503
+        with ``Connection: close`` if its response had not started, rather than a 500 or
+        a hang; otherwise the server closes the connection."""
+        reason = self.coordinator.statistics().reason
+        logger.warning("request %s cut: %s", scope.get("path"), reason)
+        if started:
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [*_TEXT, _CLOSE, (b"retry-after", b"0")],
+            }
         )
-
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        coordinator = self.coordinator
-        nudge = scope.get("http_version", "1.1") not in ("2", "3")
-        started = False
-
-        async def wrapped_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                if nudge and coordinator.nudging:
-                    headers = [
-                        (k, v)
-                        for k, v in message.get("headers", ())
-                        if k.lower() not in (b"connection", b"keep-alive")
-                    ]
-                    headers.append(_CLOSE)
-                    message = {**message, "headers": headers}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, wrapped_send)
-        except anyio.get_cancelled_exc_class():
-            if coordinator.phase < Phase.STOPPING:
-                raise
-            # Cut by stopping (drain deadline or escalation): answer cleanly, not 500 or hang.
-            logger.warning("request %s cut: %s", scope.get("path"), coordinator.statistics().reason)
-            if not started:
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 503,
-                        "headers": [*_TEXT, _CLOSE, (b"retry-after", b"0")],
-                    }
-                )
-                await send({"type": "http.response.body", "body": b"server shutting down\n"})
+        await send({"type": "http.response.body", "body": b"server shutting down\n"})
 
     # ----------------------------------------------------------------- websockets
 

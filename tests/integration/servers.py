@@ -15,6 +15,17 @@ from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[2]
 
+#: Command-line options per policy, short enough for tests.
+POLICIES = {
+    "accept-until-idle": ["--policy", "accept-until-idle", "--idle", "1"],
+    "serve-until-killed": ["--policy", "serve-until-killed", "--max-wait", "1.5"],
+    "refuse-immediately": ["--policy", "refuse-immediately"],
+}
+#: Log lines of the coordinator's phase changes.
+ACCEPTING = r"serving -> accepting: SIGTERM"
+DRAINING = r"accepting -> draining"
+STOPPED = r"stopping -> stopped"
+
 
 class ServerProcess:
     """A server subprocess whose merged output is read line by line in a thread.

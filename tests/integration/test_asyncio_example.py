@@ -13,15 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from .servers import RawHTTP, ServerProcess, connection_refused
-
-POLICIES = {
-    "accept-until-idle": ["--policy", "accept-until-idle", "--idle", "1"],
-    "serve-until-killed": ["--policy", "serve-until-killed", "--max-wait", "1.5"],
-    "refuse-immediately": ["--policy", "refuse-immediately"],
-}
-ACCEPTING = r"serving -> accepting: SIGTERM"
-DRAINING = r"accepting -> draining"
+from .servers import ACCEPTING, DRAINING, POLICIES, RawHTTP, ServerProcess, connection_refused
 
 UVLOOP_RUNNER = (
     "import asyncio, runpy, sys, uvloop; "

@@ -7,9 +7,9 @@ every phase change (``serving -> accepting: SIGTERM``) — never on the clock.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,17 +17,18 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
-from .rolling import Balancer, Load
-from .servers import RawHTTP, ServerProcess, connection_refused, graceful_run, stock_uvicorn
+import graceful._demo as demo
 
-POLICIES = {
-    "accept-until-idle": ["--policy", "accept-until-idle", "--idle", "1"],
-    "serve-until-killed": ["--policy", "serve-until-killed", "--max-wait", "1.5"],
-    "refuse-immediately": ["--policy", "refuse-immediately"],
-}
-ACCEPTING = r"serving -> accepting: SIGTERM"
-DRAINING = r"accepting -> draining"
-STOPPED = r"stopping -> stopped"
+from .servers import (
+    ACCEPTING,
+    DRAINING,
+    POLICIES,
+    STOPPED,
+    RawHTTP,
+    ServerProcess,
+    connection_refused,
+    graceful_run,
+)
 
 
 @pytest.fixture
@@ -268,41 +269,25 @@ def test_bad_policy_exits_2_naming_it(servers: list[ServerProcess]) -> None:
     assert "accept-until-idle" in server.output()
 
 
-def test_rolling_restart_loses_nothing_with_accept_until_idle(
-    servers: list[ServerProcess],
-) -> None:
-    failures = rolling_restart(servers, graceful=True)
-    assert failures == {}
-
-
-def test_rolling_restart_with_stock_uvicorn_fails_requests(
-    servers: list[ServerProcess],
-) -> None:
-    failures = rolling_restart(servers, graceful=False)
-    assert sum(failures.values()) > 0
-
-
-def rolling_restart(servers: list[ServerProcess], *, graceful: bool) -> dict[str, int]:
-    """SIGTERM backend A while the balancer keeps routing to it for 1 s; count failures."""
-    if graceful:
-        backends = [start(servers, *POLICIES["accept-until-idle"]) for _ in range(2)]
+@pytest.mark.parametrize(
+    ("server", "fails"), [("graceful:accept-until-idle", False), ("uvicorn", True)]
+)
+def test_rolling_restart(server: str, fails: bool) -> None:
+    """Backend A gets SIGTERM while the balancer keeps routing new connections to it for
+    1 s (graceful._demo's balancer: L4, no retries); keep-alive, fresh-connection and long
+    requests run throughout.  Counts, not timings, are asserted."""
+    args = demo.parse(
+        ["--servers", server, "--propagation-delay", "1", "--keepalive-clients", "3",
+         "--fresh-clients", "3", "--long-requests", "1"]
+    )  # fmt: skip
+    outcome = asyncio.run(demo.run_scenario(args.kinds[0], args))
+    assert outcome.requests > 200
+    assert outcome.terminating is not None
+    assert outcome.terminating.ended != "killed"
+    if fails:
+        assert outcome.failed > 0, outcome.results  # stock uvicorn refuses new connections
     else:
-        backends = [stock_uvicorn() for _ in range(2)]
-        servers.extend(backends)
-    a, b = backends
-    with Balancer([a.port, b.port]) as balancer, Load(balancer.port).running() as load:
-        load.wait_for_requests(200, timeout_s=30)
-        a.signal(signal.SIGTERM)
-        forget = threading.Timer(1.0, balancer.forget, args=(a.port,))  # propagation delay
-        forget.start()
-        forget.join()
-        total = load.total()
-        load.wait_for_requests(total + 200, timeout_s=30)
-        assert a.wait_exit(timeout_s=20) == (0 if graceful else a.proc.returncode)
-        total = load.total()
-        load.wait_for_requests(total + 100, timeout_s=30)
-    assert balancer.routed[a.port] > 0
-    return load.failures()
+        assert outcome.failed == 0, outcome.results
 
 
 def test_workers_drain_together(servers: list[ServerProcess]) -> None:

@@ -289,7 +289,11 @@ async def _stop(backend: Backend) -> None:
         await asyncio.wait_for(backend.reader, 5)
 
 
-async def run_scenario(kind: ServerKind, args: argparse.Namespace, progress: Progress) -> Outcome:
+async def run_scenario(
+    kind: ServerKind, args: argparse.Namespace, progress: Progress | None = None
+) -> Outcome:
+    """Run one rolling restart against ``kind``; ``progress`` shows it live (optional)."""
+    wait = progress.wait if progress is not None else _wait_quietly
     t0 = time.monotonic()
     outcome = Outcome(kind)
     a, b, c = [await _start_backend(kind, n, args, t0) for n in ("A", "B", "C")]
@@ -313,17 +317,17 @@ async def run_scenario(kind: ServerKind, args: argparse.Namespace, progress: Pro
     ]  # fmt: skip
     load = asyncio.gather(*clients)
     try:
-        await progress.wait(kind, outcome, args.warmup, t0)
+        await wait(kind, outcome, args.warmup, t0)
         # The rolling restart: the new pod is ready, the old one gets SIGTERM ...
         balancer.backends.append(c)
         outcome.sigterm_at = time.monotonic() - t0
         a.proc.send_signal(signal.SIGTERM)
         killer = asyncio.ensure_future(_kill_at(a, args.grace_period, t0))
         # ... while the endpoint update takes a while to reach the balancer.
-        await progress.wait(kind, outcome, args.propagation_delay, t0)
+        await wait(kind, outcome, args.propagation_delay, t0)
         balancer.backends.remove(a)
         await killer
-        await progress.wait(kind, outcome, args.tail, t0)
+        await wait(kind, outcome, args.tail, t0)
     finally:
         stop.set()
         await load
@@ -336,6 +340,10 @@ async def run_scenario(kind: ServerKind, args: argparse.Namespace, progress: Pro
     outcome.results["refused"] += refused
     outcome.results["reset"] -= refused
     return outcome
+
+
+async def _wait_quietly(kind: ServerKind, outcome: Outcome, seconds: float, t0: float) -> None:
+    await asyncio.sleep(seconds)  # the scenario's own timeline: load runs meanwhile
 
 
 async def _kill_at(backend: Backend, grace_period_s: float, t0: float) -> None:
