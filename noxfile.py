@@ -28,7 +28,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def typing(session: nox.Session) -> None:
-    session.install("mypy", "-e", ".[uvicorn,gunicorn]")
+    session.install("mypy", "-e", ".[uvicorn,gunicorn,demo]")
     session.run("mypy", "--strict", "src/graceful")
 
 

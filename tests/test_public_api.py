@@ -11,7 +11,13 @@ import pytest
 
 import graceful
 
-PUBLIC_MODULES = ["graceful", "graceful.asyncio"]
+PUBLIC_MODULES = [
+    "graceful",
+    "graceful.asgi",
+    "graceful.asyncio",
+    "graceful.gunicorn",
+    "graceful.uvicorn",
+]
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
