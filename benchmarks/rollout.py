@@ -8,6 +8,8 @@ see ``graceful._demo``), run side by side for every server in one run. Client mi
 * ``keep-alive``: 4 keep-alive clients
 * ``fresh``: 4 clients opening a new connection per request
 * ``long``: 2 keep-alive clients + 2 clients doing 2 s requests
+* ``websockets``: 4 websocket clients echoing a message every 20 ms (reconnecting after a
+  close frame; a connection cut without one, or a failed connect, is a failure)
 
 Printed: failed requests min / median / max over the repeats, and the failure ratio
 against stock uvicorn in the same cell.
@@ -29,7 +31,11 @@ MIXES = {
     "keep-alive": ["--keepalive-clients", "4", "--fresh-clients", "0", "--long-requests", "0"],
     "fresh": ["--keepalive-clients", "0", "--fresh-clients", "4", "--long-requests", "0"],
     "long": ["--keepalive-clients", "2", "--fresh-clients", "0", "--long-requests", "2"],
-}
+    "websockets": [
+        "--keepalive-clients", "0", "--fresh-clients", "0", "--long-requests", "0",
+        "--websockets", "4",
+    ],
+}  # fmt: skip
 
 
 async def cell(delay: float, mix: str, grace: float) -> dict[str, Outcome]:

@@ -249,6 +249,50 @@ async def _client_loop(client: Client, path: str, stop: asyncio.Event, pause_s: 
     await client.close()
 
 
+async def _websocket_loop(port: int, outcome: Outcome, t0: float, stop: asyncio.Event) -> None:
+    """A websocket client echoing a message every 20 ms; reconnects after a clean close.
+
+    A round trip is a request.  A close frame (1000, 1001 going away, 1012 service
+    restart) is an orderly end: the client reconnects through the balancer.  A connection
+    lost without a close frame, or a failed connect, is a failure.
+    """
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+    def record(kind: str, backend: str = "") -> None:
+        now = time.monotonic() - t0
+        outcome.results[kind] += 1
+        if kind == "ok":
+            outcome.served.append((now, backend))
+        else:
+            outcome.failures.append((now, kind))
+
+    for _ in range(100_000):  # bounded; the scenario stops it
+        if stop.is_set():
+            return
+        try:
+            ws = await asyncio.wait_for(connect(f"ws://127.0.0.1:{port}/ws"), 10)
+        except (OSError, InvalidHandshake, asyncio.TimeoutError, ConnectionClosed):
+            record("reset")
+            await asyncio.sleep(0.02)
+            continue
+        backend = ws.response.headers.get("x-backend", "") if ws.response else ""
+        try:
+            while not stop.is_set():
+                await ws.send("ping")
+                await asyncio.wait_for(ws.recv(), 10)
+                record("ok", backend)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.02)
+        except ConnectionClosed as closed:
+            if closed.rcvd is None:  # no close frame: the connection was cut
+                record("reset")
+        except asyncio.TimeoutError:
+            record("timeout")
+        finally:
+            await ws.close()
+
+
 async def _start_backend(
     kind: ServerKind, name: str, args: argparse.Namespace, t0: float
 ) -> Backend:
@@ -315,6 +359,7 @@ async def run_scenario(
         )
         for _ in range(args.long_requests)
     ]  # fmt: skip
+    clients += [_websocket_loop(balancer.port, outcome, t0, stop) for _ in range(args.websockets)]
     load = asyncio.gather(*clients)
     try:
         await wait(kind, outcome, args.warmup, t0)
@@ -471,6 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fresh-clients", type=int, default=4)
     parser.add_argument("--long-requests", type=int, default=2)
     parser.add_argument("--long-request-s", type=float, default=2.0)
+    parser.add_argument("--websockets", type=int, default=0, help="websocket echo clients")
     parser.add_argument("--plot", default=None, help="write the timeline to FILE.svg or .png")
     return parser  # fmt: skip
 
@@ -487,7 +533,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         value = getattr(args, name)
         if not (0 <= value < 600):
             parser.error(f"--{name.replace('_', '-')}: must be 0 to 600 seconds, got {value}")
-    for name in ("keepalive_clients", "fresh_clients", "long_requests"):
+    for name in ("keepalive_clients", "fresh_clients", "long_requests", "websockets"):
         if not 0 <= getattr(args, name) <= 200:
             parser.error(f"--{name.replace('_', '-')}: must be 0 to 200")
     if args.plot and not args.plot.endswith((".svg", ".png")):

@@ -1,6 +1,7 @@
 """The demo's backend: a tiny pure-ASGI app (no framework needed).
 
-``/`` answers ``hello``; ``/slow?s=2`` answers after 2 seconds.  Every response carries
+``/`` answers ``hello``; ``/slow?s=2`` answers after 2 seconds; a websocket on any path
+echoes text messages.  Every response carries
 ``x-backend`` (from ``GRACEFUL_DEMO_NAME``) so the demo can tell who served it.
 """
 
@@ -23,6 +24,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+    if scope["type"] == "websocket":
+        await _echo(receive, send)
+        return
     if scope["type"] != "http":
         return
     body = b"hello\n"
@@ -37,3 +41,14 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _echo(receive: Any, send: Any) -> None:
+    """A websocket echo: every text message comes back, until the client leaves."""
+    assert (await receive())["type"] == "websocket.connect"
+    await send({"type": "websocket.accept", "headers": [(b"x-backend", NAME)]})
+    while True:
+        message = await receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        await send({"type": "websocket.send", "text": message.get("text") or ""})
