@@ -15,6 +15,7 @@ tests check that shutdown still runs after a cut drain).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 
 import anyio
@@ -27,13 +28,19 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 import graceful.asgi
 
 
+def say(line: str) -> None:
+    """One write per line, so that lines of several worker processes don't interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 async def hello(request: Request) -> Response:
     return PlainTextResponse("hello\n")
 
 
 async def slow(request: Request) -> Response:
     seconds = float(request.query_params.get("s", "1"))
-    print(f"slow request started ({seconds:g} s)", flush=True)  # tests wait for this line
+    say(f"slow request started ({seconds:g} s)")  # tests wait for this line
     await anyio.sleep(seconds)
     return PlainTextResponse(f"slept {seconds:g}\n")
 
@@ -60,19 +67,19 @@ async def sse(request: Request) -> Response:
 
 async def echo(websocket: WebSocket) -> None:
     await websocket.accept()
-    print("websocket accepted", flush=True)
+    say("websocket accepted")
     try:
         while True:
             await websocket.send_text(await websocket.receive_text())
     except WebSocketDisconnect as exc:
-        print(f"websocket disconnected with code {exc.code}", flush=True)
+        say(f"websocket disconnected with code {exc.code}")
 
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    print("lifespan startup", flush=True)
+    say("lifespan startup")
     yield
-    print("lifespan shutdown", flush=True)
+    say("lifespan shutdown")
 
 
 app = Starlette(

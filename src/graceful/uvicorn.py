@@ -260,6 +260,9 @@ class Server(uvicorn.Server):
         STOPPING hook (:meth:`_finish`), so they are bounded like every hook.
         """
         c = self.coordinator
+        # uvicorn's on_tick logs "Maximum request limit exceeded" at every tick once it is
+        # reached; it has done its job, so stop checking while we drain.
+        self.limit_max_requests = None
         if c.phase < Phase.STOPPING and not c.shutdown_requested:
             # uvicorn decided to exit by itself (max requests, should_exit set by a
             # supervisor): drain at once rather than wait for an idle listener.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -44,6 +45,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            start_new_session=True,  # stop() kills the whole group (gunicorn's workers too)
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -101,12 +103,32 @@ class ServerProcess:
                 f"process still running after {timeout_s} s; output:\n{self.output()}"
             ) from None
 
+    def _descendants(self) -> list[int]:
+        """Child processes, found through /proc (graceful run's workers have their own
+        sessions, so killing our process group does not reach them)."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    children.setdefault(ppid, []).append(int(entry.name))
+        found, todo = [], [self.proc.pid]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                found.append(child)
+                todo.append(child)
+        return found
+
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        for pid in self._descendants():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
         self._reader.join(5)
-        if self.proc.stdout is not None:
+        # Closing the pipe while the reader thread still reads it would deadlock.
+        if self.proc.stdout is not None and not self._reader.is_alive():
             self.proc.stdout.close()
 
 

@@ -67,3 +67,31 @@ def test_sigquit_is_quick_shutdown(gunicorn: ServerProcess) -> None:
     assert client.response()[0] == 503
     assert gunicorn.wait_exit(timeout_s=10) == 0
     assert gunicorn.output().count("-> stopping: SIGQUIT (escalated)") == 2
+
+
+def test_max_requests_recycling_drains_without_failures() -> None:
+    server = ServerProcess(
+        [
+            sys.executable, "-m", "gunicorn", "examples.asgi_app:app",
+            "-k", "graceful.gunicorn.UvicornWorker", "-w", "1", "-b", "127.0.0.1:0",
+            "--max-requests", "3", "--graceful-timeout", "10",
+        ],
+        env={"GRACEFUL_POLICY": "accept-until-idle", "GRACEFUL_IDLE": "5"},
+    )  # fmt: skip
+    try:
+        port = int(server.wait_for_line(r"Listening at: http://127\.0\.0\.1:(\d+)").group(1))
+        server.wait_for_line(r"Application startup complete")
+        slow = RawHTTP(port)
+        slow.send("/slow?s=1")  # in flight when the worker decides to recycle
+        server.wait_for_line(r"slow request started")
+        statuses = [RawHTTP(port).get("/")[0] for _ in range(3)]
+        assert slow.response()[0] == 200
+        assert statuses == [200, 200, 200]
+        # The worker drained at once (not after the 5 s idle window) and a new one booted.
+        server.wait_for_line(r"serving -> accepting: server exit")
+        server.wait_for_line(r"accepting -> draining: server exit \(no accepting period\)")
+        server.wait_for_line(r"Application startup complete", count=2)
+        assert RawHTTP(port).get("/")[0] == 200
+    finally:
+        RawHTTP.close_all()
+        server.stop()
