@@ -3,64 +3,83 @@
 How the pieces fit
 ------------------
 Adapters (the uvicorn server, the ASGI middleware, the asyncio server, …) *report* to the
-coordinator — a connection opened or closed, a request started or finished, a websocket
-session began — and *obey* it: they subscribe to phase changes and close their listener
-at ``DRAINING``, cancel what is left at ``STOPPING``.  Reporting is the hot path, so it is
-plain attribute arithmetic on the event-loop thread: no locks, no tasks, no clock read per
-request (connections do read the clock: their arrival is what *accept until idle*
-watches).  Everything slow — deciding, waiting, logging, running hooks — happens in
-:meth:`ShutdownCoordinator.run`, one task.
+coordinator through the adapter API — a connection handed over by the kernel or closed, a
+request started or finished, a session began, activity seen — and *obey* it: they
+subscribe to phase changes, close their listener at ``DRAINING`` and register *stopping
+steps* that cut what is left.  The coordinator is assembled from small parts, each with
+its own essay:
 
-Phase changes are synchronous (``request_shutdown`` flips the phase at once, so a
-readiness probe fails in the same tick), and subscribers are called synchronously in
-registration order; they must not block.  ``run`` notices the change and does the timed
-part: it asks the policy when accepting ends, waits for the drain with a deadline, logs a
-progress line every second, runs the user's hooks, and finally reaches ``STOPPED``.
+* :mod:`graceful._tracking` — the counters and :class:`~graceful.Session`, the hot path;
+* :mod:`graceful._phases` — the pure phase/escalation table;
+* :mod:`graceful._deadlines` — the pure deadline arithmetic;
+* :mod:`graceful._hooks` — running user code bounded;
+* :mod:`graceful._signals` — one signal helper for everything;
+* this module — the thin anyio ``run()`` that ties them together.
+
+Phase changes are queued
+------------------------
+``request_shutdown`` changes the phase before it returns (a readiness probe fails in the
+same tick) and phase listeners run synchronously in registration order.  A listener may
+itself request a shutdown or advance the phase; its transition is queued behind the one
+being announced, so every listener sees every phase in order and the log lines come out
+in order.
 
 Deadlines
 ---------
-With a known grace period (``grace_period_s`` or ``GRACEFUL_GRACE_PERIOD``) the kill
-deadline is ``requested_at + grace_period_s``.  Stopping begins ``kill_margin_s`` before
-it (``stop_by``), always.  Draining is given ``drain_timeout_s`` but at most half of the
-time between the request and ``stop_by``; accepting ends early enough to leave that much.
+Computed once, when shutdown is first requested (see :mod:`graceful._deadlines`): the
+kill deadline from an absolute time (:meth:`ShutdownCoordinator.set_kill_deadline`, the
+pod's ``deletionTimestamp``), the grace period, or Kubernetes' default with a warning.
+Stopping has its own budget (``kill_margin_s``); hooks of earlier phases still running
+when it begins are cancelled instead of eating into it.  With ``hard_exit`` (for
+processes graceful owns: ``graceful run``, the gunicorn workers) a watchdog thread ends
+the process at ``exit_by`` whatever the application does — a handler that swallows
+cancellation, a lifespan shutdown that hangs, a blocked executor thread — and says what
+it abandoned.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
+import collections
+import contextlib
 import logging
 import math
 import os
+import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Final
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
-import anyio.to_thread
 from typing_extensions import final
 
+from . import _deadlines
+from ._deadlines import Deadlines
+from ._hooks import Hook, run_hooks
+from ._phases import PhaseTable, RequestOutcome, Transition
 from ._policy import (
     AcceptUntilIdle,
     Phase,
     Policy,
     PolicyInput,
+    ServeUntilKilled,
     _check_optional_seconds,
     _check_seconds,
 )
+from ._signals import QUICK_SIGNALS, SHUTDOWN_SIGNALS, catch_signals, signal_name
+from ._tracking import Session, Tracking
 
-__all__ = ("GRACE_PERIOD_ENV", "ShutdownCoordinator", "ShutdownStatistics")
+__all__ = ("GRACE_PERIOD_ENV", "Session", "ShutdownCoordinator", "ShutdownStatistics")
 
 logger: Final = logging.getLogger("graceful")
 
 #: Environment variable holding the grace period (seconds before SIGKILL).
 GRACE_PERIOD_ENV: Final = "GRACEFUL_GRACE_PERIOD"
 
-Hook = Callable[[], Awaitable[object] | object]
 PhaseListener = Callable[[Phase], None]
+Background = Callable[[], Awaitable[object]]
 
 
 @final
@@ -78,9 +97,10 @@ class ShutdownStatistics:
         requests_total: Requests started since the coordinator was created.
         time_in_phase_s: Seconds since the phase began.
         time_left_s: Seconds until the current phase's deadline (accepting: the latest
-            end the deadlines allow; draining: the drain deadline; stopping: the kill
-            deadline), or ``None`` if it has none.
-        kill_deadline_in_s: Seconds until the expected SIGKILL, or ``None`` if unknown.
+            end the deadlines and the policy allow; draining: the drain deadline;
+            stopping: the end of stopping), or ``None`` if it has none.
+        kill_deadline_in_s: Seconds until the expected SIGKILL, or ``None`` before
+            shutdown was requested.
     """
 
     phase: Phase
@@ -95,89 +115,27 @@ class ShutdownStatistics:
     kill_deadline_in_s: float | None
 
 
-@final
-class _RequestTracker:
-    """The reusable context manager behind :meth:`ShutdownCoordinator.track_request`.
-
-    One instance per coordinator: entering and leaving only touch two integers, so
-    tracking a request costs no allocation.
-    """
-
-    __slots__ = ("_c",)
-
-    def __init__(self, coordinator: ShutdownCoordinator) -> None:
-        self._c = coordinator
-
-    def __enter__(self) -> None:
-        c = self._c
-        c._requests += 1
-        c._requests_total += 1
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        c = self._c
-        c._requests -= 1
-        if c._draining and not c._requests:
-            c._check_drained()
+def _grace_from_environment() -> float | None:
+    env = os.environ.get(GRACE_PERIOD_ENV, "").strip()
+    if not env:
+        return None
+    try:
+        value = float(env)
+    except ValueError:
+        raise ValueError(
+            f"{GRACE_PERIOD_ENV} must be a finite number of seconds > 0, got {env!r}"
+        ) from None
+    return _check_seconds(GRACE_PERIOD_ENV, value)
 
 
 @final
-class Session:
-    """A long-lived session (websocket, streaming response) registered with a coordinator.
-
-    Returned by :meth:`ShutdownCoordinator.track_session`; use it as a context manager
-    around the session.  ``on_drain`` is called once when draining begins (or at once if
-    it already has) so the session can finish its current message and end.
-    """
-
-    __slots__ = ("_c", "_on_drain", "drain_requested")
-
-    def __init__(self, coordinator: ShutdownCoordinator, on_drain: Callable[[], None] | None):
-        self._c = coordinator
-        self._on_drain = on_drain
-        #: ``True`` once the coordinator asked this session to end.
-        self.drain_requested = False
-
-    def __enter__(self) -> Session:
-        c = self._c
-        c._sessions.add(self)
-        if c._draining:
-            self._request_drain()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        c = self._c
-        c._sessions.discard(self)
-        if c._draining:
-            c._check_drained()
-
-    def _request_drain(self) -> None:
-        if self.drain_requested:
-            return
-        self.drain_requested = True
-        if self._on_drain is not None:
-            try:
-                self._on_drain()
-            except Exception:
-                logger.exception("session drain callback %r failed", self._on_drain)
-
-
-@final
-class ShutdownCoordinator:
+class ShutdownCoordinator(Tracking):
     """Tracks connections, requests and sessions and runs a shutdown policy.
 
     Create one per process, hand it to the adapters (:mod:`graceful.asgi`,
     :mod:`graceful.uvicorn`, :mod:`graceful.asyncio`, …) and run :meth:`run` in a task.
-    All methods must be called from the event loop thread.
+    Methods are for the event-loop thread, except :meth:`request_shutdown`, which may be
+    called from any thread.
 
     Args:
         policy: When accepting ends; defaults to :class:`AcceptUntilIdle`.
@@ -185,12 +143,17 @@ class ShutdownCoordinator:
             cancelled.
         grace_period_s: Seconds from the shutdown request to the expected SIGKILL (the
             pod's ``terminationGracePeriodSeconds``, gunicorn's ``graceful_timeout``);
-            ``None`` reads ``GRACEFUL_GRACE_PERIOD`` and, if unset, assumes no kill
-            deadline.
-        kill_margin_s: Stopping begins at least this long before the kill deadline.
+            ``None`` reads ``GRACEFUL_GRACE_PERIOD`` and, if unset, assumes Kubernetes'
+            default of 30 s (with a warning at shutdown).
+        kill_margin_s: Stopping begins at least this long before the kill deadline;
+            it is stopping's whole budget (cut, lifespan shutdown, hooks).
         hook_timeout_s: The longest time one shutdown hook may run.
-        exit_on_third_request: A third shutdown request (e.g. a third Ctrl-C) exits the
-            process at once with status 1.
+        exit_on_third_request: A third shutdown request (a third Ctrl-C) exits the
+            process at once with status 1.  Off by default: only a program that owns
+            the process should exit it.
+        hard_exit: End the process at the last moment before the kill deadline if it
+            is still alive then (see the module docs); for programs that own the
+            process.
     """
 
     def __init__(
@@ -201,24 +164,24 @@ class ShutdownCoordinator:
         grace_period_s: float | None = None,
         kill_margin_s: float = 1.0,
         hook_timeout_s: float = 5.0,
-        exit_on_third_request: bool = True,
+        exit_on_third_request: bool = False,
+        hard_exit: bool = False,
     ) -> None:
+        super().__init__()
         if policy is None:
             policy = AcceptUntilIdle()
         elif not isinstance(policy, Policy):
-            raise ValueError(f"policy must be a graceful Policy instance, got {policy!r}")
+            raise TypeError(f"policy must be a graceful Policy instance, got {policy!r}")
+        for name, flag in (
+            ("exit_on_third_request", exit_on_third_request),
+            ("hard_exit", hard_exit),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.policy: Final = policy
         self.drain_timeout_s: Final = _check_seconds("drain_timeout_s", drain_timeout_s)
         if grace_period_s is None:
-            env = os.environ.get(GRACE_PERIOD_ENV, "").strip()
-            if env:
-                try:
-                    grace_period_s = float(env)
-                except ValueError:
-                    raise ValueError(
-                        f"{GRACE_PERIOD_ENV} must be a finite number of seconds > 0, got {env!r}"
-                    ) from None
-                _check_seconds(GRACE_PERIOD_ENV, grace_period_s)
+            grace_period_s = _grace_from_environment()
         self.grace_period_s: Final = _check_optional_seconds("grace_period_s", grace_period_s)
         self.kill_margin_s: Final = _check_seconds("kill_margin_s", kill_margin_s)
         if self.grace_period_s is not None and self.kill_margin_s >= self.grace_period_s:
@@ -228,20 +191,18 @@ class ShutdownCoordinator:
             )
         self.hook_timeout_s: Final = _check_seconds("hook_timeout_s", hook_timeout_s)
         self.exit_on_third_request: Final = exit_on_third_request
+        self.hard_exit: Final = hard_exit
 
+        self._table = PhaseTable()
         self._phase = Phase.SERVING
         self._phase_since: float | None = None
         self._reason: str | None = None
-        self._draining = False  # phase >= DRAINING, read on the hot path
-        self._nudging = False  # clients should be told to close their connection
-        self._requests = 0
-        self._requests_total = 0
-        self._connections = 0
-        self._connections_total = 0
-        self._sessions: set[Session] = set()
-        self._last_connection_at: float | None = None
+        self._queue: collections.deque[Transition] = collections.deque()
+        self._dispatching = False
         self._requested_at: float | None = None
-        self._shutdown_requests = 0
+        self._kill_at: float | None = None
+        self._kill_source: str | None = None
+        self._deadlines: Deadlines | None = None
         self._endpoint_removed_at: float | None = None
         self._drain_deadline: float | None = None
         self._listeners: list[PhaseListener] = []
@@ -250,55 +211,15 @@ class ShutdownCoordinator:
             Phase.DRAINING: [],
             Phase.STOPPING: [],
         }
-        self._cleanups: list[Hook] = []  # adapters' STOPPING work, before user hooks
-        self._changed: anyio.Event | None = None
+        self._stopping_steps: list[Hook] = []
+        self._background: list[Background] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._loop_thread: int | None = None
+        self._schedule: Callable[[Callable[[], object]], object] | None = None
         self._running = False
-        self._request_tracker = _RequestTracker(self)
-        self._clock: Callable[[], float] | None = None
+        self._watchdog: threading.Timer | None = None
 
-    def _now(self) -> float:
-        """The event loop's clock, looked up once (protocol callbacks run outside any
-        task, where anyio cannot tell which backend is running)."""
-        clock = self._clock
-        if clock is None:
-            try:
-                clock = anyio.lowlevel.current_token().backend_class.current_time
-            except anyio.NoEventLoopError:
-                clock = asyncio.get_running_loop().time  # an asyncio protocol callback
-            self._clock = clock
-        return clock()
-
-    # ------------------------------------------------------------------ hot path
-
-    def track_request(self) -> _RequestTracker:
-        """Return a context manager that counts one in-flight request.
-
-        ``with coordinator.track_request(): ...`` costs two integer updates; the object
-        returned is shared, so it needs no allocation.
-        """
-        return self._request_tracker
-
-    def track_session(self, on_drain: Callable[[], None] | None = None) -> Session:
-        """Return a context manager that counts a long-lived session (websocket, stream).
-
-        Args:
-            on_drain: Called once, synchronously, when draining begins (at once if it
-                already has); it should make the session finish and close, e.g. send a
-                websocket close frame with code 1001.
-        """
-        return Session(self, on_drain)
-
-    def connection_opened(self) -> None:
-        """Report a new connection; it counts as activity for *accept until idle*."""
-        self._connections += 1
-        self._connections_total += 1
-        self._last_connection_at = self._now()
-
-    def connection_closed(self) -> None:
-        """Report that a connection reported by :meth:`connection_opened` closed."""
-        self._connections -= 1
-        if self._draining and not self._connections:
-            self._check_drained()
+    # ------------------------------------------------------------------ reading
 
     @property
     def phase(self) -> Phase:
@@ -311,33 +232,74 @@ class ShutdownCoordinator:
         return self._phase <= Phase.ACCEPTING
 
     @property
-    def draining(self) -> bool:
-        """``True`` from the moment draining begins (including stopping and stopped)."""
-        return self._draining
-
-    @property
-    def nudging(self) -> bool:
-        """``True`` while responses should tell clients to close their connection."""
-        return self._nudging
-
-    @property
-    def drained(self) -> bool:
-        """``True`` when no connection, request or session is left."""
-        return not (self._connections or self._requests or self._sessions)
+    def cutting(self) -> bool:
+        """``True`` once stopping began: work still running is being cut."""
+        return self._phase >= Phase.STOPPING
 
     @property
     def shutdown_requested(self) -> bool:
         """``True`` once shutdown was requested."""
         return self._phase > Phase.SERVING
 
-    # ---------------------------------------------------------------- configuration
+    @property
+    def deadlines(self) -> Deadlines | None:
+        """The deadlines of the shutdown under way (``None`` before the request)."""
+        return self._deadlines
+
+    def time_left_s(self, until: float | None, *, at_most_s: float = math.inf) -> float:
+        """Seconds from now until ``until`` (≥ 0), capped at ``at_most_s``.
+
+        ``coordinator.time_left_s(coordinator.deadlines.exit_by, at_most_s=1)`` bounds a
+        stopping step.
+        """
+        if until is None:
+            return at_most_s
+        return max(0.0, min(at_most_s, until - self._now()))
+
+    def drain_time_left(self) -> float | None:
+        """Seconds until the drain deadline, once draining; ``None`` before.  Streaming
+        handlers use it to finish in time."""
+        if self._drain_deadline is None:
+            return None
+        return max(0.0, self._drain_deadline - self._now())
+
+    def statistics(self) -> ShutdownStatistics:
+        """Return a frozen snapshot of the phase, the counts and the deadlines."""
+        now = self._now()
+        d = self._deadlines
+        deadline: float | None = None
+        if d is not None:
+            if self._phase is Phase.ACCEPTING:
+                deadline = d.accept_by
+                max_wait = self.policy.max_wait_s
+                if max_wait is not None and self._requested_at is not None:
+                    deadline = min(deadline, self._requested_at + max_wait)
+            elif self._phase is Phase.DRAINING:
+                deadline = self._drain_deadline
+            elif self._phase is Phase.STOPPING:
+                deadline = d.exit_by
+        return ShutdownStatistics(
+            phase=self._phase,
+            reason=self._reason,
+            connections=self._connections,
+            requests=self._requests,
+            sessions=len(self._sessions),
+            connections_total=self._connections_total,
+            requests_total=self._requests_total,
+            time_in_phase_s=0.0 if self._phase_since is None else now - self._phase_since,
+            time_left_s=None if deadline is None else max(0.0, deadline - now),
+            kill_deadline_in_s=None if d is None else d.kill - now,
+        )
+
+    # ----------------------------------------------------------- adapter API
 
     def subscribe(self, listener: PhaseListener) -> Callable[[], None]:
-        """Call ``listener(phase)`` synchronously at every phase change.
+        """Call ``listener(phase)`` synchronously at every phase change, in order.
 
-        Adapters use this to obey the coordinator (close the listener at ``DRAINING``,
-        cancel work at ``STOPPING``).  Listeners run in registration order and must not
-        block; an exception is logged and does not stop the others.
+        Adapters use this to obey the coordinator (close the listener at ``DRAINING``).
+        Listeners run in registration order and must not block; one that raises is
+        logged and does not stop the others.  A listener that requests a shutdown
+        queues its transition behind the current one.
 
         Returns:
             A function that unsubscribes the listener.
@@ -350,34 +312,61 @@ class ShutdownCoordinator:
 
         return unsubscribe
 
+    def add_stopping_step(self, step: Hook) -> None:
+        """For adapters: run ``step`` when stopping begins, before any user hook.
+
+        Steps cut what is left (cancel requests, close connections, run the ASGI
+        lifespan shutdown); they run in registration order and share stopping's budget
+        (each bounded by ``exit_by``, see :attr:`deadlines`).
+        """
+        if not callable(step):
+            raise TypeError(f"step must be callable, got {step!r}")
+        self._stopping_steps.append(step)
+
+    def start_background(self, task: Background) -> None:
+        """Run ``task()`` in the coordinator's task group while :meth:`run` runs.
+
+        For watchers that report to the coordinator (the Kubernetes endpoint watcher):
+        started when ``run`` starts (or at once if it already runs), cancelled when the
+        coordinator reaches ``STOPPED``.
+        """
+        if not callable(task):
+            raise TypeError(f"task must be callable, got {task!r}")
+        if self._tg is not None:
+            self._tg.start_soon(self._guarded, task)
+        else:
+            self._background.append(task)
+
+    async def _guarded(self, task: Background) -> None:
+        try:
+            await task()
+        except Exception:
+            logger.exception("background task %s failed", getattr(task, "__qualname__", task))
+
     def add_hook(self, hook: Hook, *, phase: Phase = Phase.STOPPING) -> None:
         """Run ``hook`` when the coordinator enters ``phase``.
 
-        Order: ``ACCEPTING`` and ``DRAINING`` hooks run in registration order, in the
-        background, as their phase begins; ``STOPPING`` hooks run in reverse registration
-        order (like :class:`contextlib.ExitStack`) before the coordinator reports
-        ``STOPPED``, after the adapters' own cleanup (cancelling what is left, the ASGI
-        lifespan shutdown).  A phase that is skipped by an escalation skips its hooks;
-        ``STOPPING`` hooks always run.  Each hook gets at most ``hook_timeout_s`` and never
-        runs past the kill deadline; one that raises or times out is logged and the rest
-        still run.  Async hooks run on the event loop; synchronous ones in a worker
-        thread, so that a hanging one can be abandoned.
+        ``ACCEPTING`` and ``DRAINING`` hooks run in registration order, in the
+        background, as their phase begins, and are cancelled if still running when
+        stopping begins.  ``STOPPING`` hooks run in reverse registration order (like
+        :class:`contextlib.ExitStack`) after the adapters' stopping steps.  A phase
+        skipped by an escalation skips its hooks; ``STOPPING`` hooks always run.  Each
+        hook gets at most ``hook_timeout_s`` and never runs past the end of stopping;
+        one that raises or times out is logged and the rest still run.  Async hooks run
+        on the event loop; synchronous ones in a worker thread, so that a hanging one
+        can be abandoned.
 
         Raises:
             ValueError: if ``phase`` is not ACCEPTING, DRAINING or STOPPING.
+            TypeError: if ``hook`` is not callable.
         """
         if phase not in self._hooks:
             raise ValueError(
                 f"phase must be Phase.ACCEPTING, Phase.DRAINING or Phase.STOPPING, got {phase!r}"
             )
         if not callable(hook):
-            raise ValueError(f"hook must be callable, got {hook!r}")
+            raise TypeError(f"hook must be callable, got {hook!r}")
         self._hooks[phase].append(hook)
-
-    def _add_cleanup(self, hook: Hook) -> None:
-        """For adapters: run ``hook`` at STOPPING before any user hook (cancel what is
-        left, run the app's lifespan shutdown).  Bounded like a hook."""
-        self._cleanups.append(hook)
 
     # ------------------------------------------------------------------- triggers
 
@@ -389,11 +378,12 @@ class ShutdownCoordinator:
         immediate: bool = False,
         drain_now: bool = False,
     ) -> None:
-        """Ask for shutdown; the phase changes before this returns.
+        """Ask for shutdown.
 
-        The first request starts *accepting*.  A second one (with ``escalate``) goes
-        straight to *stopping*; a third exits the process at once (see
-        ``exit_on_third_request``).
+        From the event-loop thread the phase changes before this returns; from another
+        thread the request is handed to the loop (thread-safe).  The first request
+        starts *accepting*; a second one (with ``escalate``) goes straight to
+        *stopping*; a third exits the process if ``exit_on_third_request``.
 
         Args:
             reason: Why, for the log (``"SIGTERM"``, ``"preStop"``, …).
@@ -403,26 +393,46 @@ class ShutdownCoordinator:
             drain_now: Skip *accepting* and drain at once, whatever the policy (a
                 worker recycled after ``max_requests`` while its siblings keep serving).
         """
+        schedule = self._schedule
+        if (
+            schedule is not None
+            and self._loop_thread is not None
+            and threading.get_ident() != self._loop_thread
+        ):
+            schedule(
+                lambda: self.request_shutdown(
+                    reason, escalate=escalate, immediate=immediate, drain_now=drain_now
+                )
+            )
+            return
         now = self._now()
         if self._requested_at is None:
             self._requested_at = now
-        if escalate or self._shutdown_requests == 0:
-            self._shutdown_requests += 1
-        count = self._shutdown_requests
-        if immediate or (escalate and count == 2):
-            if self._phase < Phase.STOPPING:
-                self._advance(Phase.STOPPING, f"{reason} (escalated)")
-            elif count >= 2:
-                logger.info("shutdown already %s; ignoring %s", self._phase, reason)
-        elif escalate and count >= 3:
-            if self.exit_on_third_request and self._phase < Phase.STOPPED:
+            self._plan(now)
+        outcome: RequestOutcome = self._table.request_shutdown(
+            reason, escalate=escalate, immediate=immediate, drain_now=drain_now
+        )
+        if outcome.exit_now:
+            if self.exit_on_third_request:
                 logger.warning("%s: third shutdown request, exiting immediately", reason)
-                logging.shutdown()
-                os._exit(1)
-        elif self._phase is Phase.SERVING:
-            self._advance(Phase.ACCEPTING, reason)
-            if drain_now:
-                self._advance(Phase.DRAINING, f"{reason} (no accepting period)")
+                _flush_and_exit(1)
+            logger.warning("%s: third shutdown request; still stopping", reason)
+        elif outcome.ignored and self._table.requests >= 2:
+            logger.info("shutdown already %s; ignoring %s", self._phase, reason)
+        self._enqueue(outcome.transitions)
+
+    def set_kill_deadline(self, wall_clock_s: float, *, source: str) -> None:
+        """Set the kill deadline to an absolute wall-clock time (``time.time()`` seconds).
+
+        Kubernetes knows it: the pod's ``deletionTimestamp``.  It replaces the grace
+        period; called after shutdown was requested, the deadlines are re-planned.
+        """
+        value = _check_seconds("wall_clock_s", wall_clock_s)
+        self._kill_at = _deadlines.wall_to_loop(value, wall_now=time.time(), loop_now=self._now())
+        self._kill_source = source
+        if self._requested_at is not None:
+            self._plan(self._requested_at)
+            self._notify()
 
     def notify_endpoint_removed(self) -> None:
         """Report that the pod is gone from its EndpointSlice (no more new traffic)."""
@@ -442,15 +452,22 @@ class ShutdownCoordinator:
         return await self._wait_until(lambda: self._phase >= phase, timeout_s)
 
     async def wait_drained(
-        self, *, include_connections: bool = True, timeout_s: float | None = None
+        self,
+        *,
+        include_connections: bool = True,
+        include_requests: bool = True,
+        until_stopping: bool = True,
+        timeout_s: float | None = None,
     ) -> bool:
-        """Wait until no connection, request or session is left.
-
-        Also returns once *stopping* began, since nothing drains after that.
+        """Wait until no connection, request or session is left, in any phase.
 
         Args:
-            include_connections: ``False`` waits for requests and sessions only (the
-                preStop endpoint's own connection is still open while it waits).
+            include_connections: ``False`` ignores open connections (the preStop
+                endpoint's own connection is still open while it waits).
+            include_requests: ``False`` waits for sessions only (a stopping step
+                letting websockets close before requests are cut).
+            until_stopping: Also return once *stopping* began, since nothing drains
+                after that.
             timeout_s: Give up after this long.
 
         Returns:
@@ -458,49 +475,13 @@ class ShutdownCoordinator:
             first.
         """
 
-        def drained() -> bool:
-            if self._requests or self._sessions:
-                return False
-            return not (include_connections and self._connections)
+        def done() -> bool:
+            if self._idle(include_connections, include_requests):
+                return True
+            return until_stopping and self._phase >= Phase.STOPPING
 
-        await self._wait_until(lambda: drained() or self._phase >= Phase.STOPPING, timeout_s)
-        return drained()
-
-    def drain_time_left(self) -> float | None:
-        """Seconds until the drain deadline, once draining; ``None`` before, or if
-        there is no deadline.  Streaming handlers use it to finish in time."""
-        if self._drain_deadline is None:
-            return None
-        return max(0.0, self._drain_deadline - self._now())
-
-    def statistics(self) -> ShutdownStatistics:
-        """Return a frozen snapshot of the phase, the counts and the deadlines."""
-        now = self._now()
-        kill = self._kill_deadline()
-        if self._phase is Phase.ACCEPTING:
-            deadline = self._accept_deadline()
-            max_wait = getattr(self.policy, "max_wait_s", None)
-            if max_wait is not None and self._requested_at is not None:
-                end = self._requested_at + max_wait
-                deadline = end if deadline is None else min(deadline, end)
-        elif self._phase is Phase.DRAINING:
-            deadline = self._drain_deadline
-        elif self._phase is Phase.STOPPING:
-            deadline = kill
-        else:
-            deadline = None
-        return ShutdownStatistics(
-            phase=self._phase,
-            reason=self._reason,
-            connections=self._connections,
-            requests=self._requests,
-            sessions=len(self._sessions),
-            connections_total=self._connections_total,
-            requests_total=self._requests_total,
-            time_in_phase_s=0.0 if self._phase_since is None else now - self._phase_since,
-            time_left_s=None if deadline is None else max(0.0, deadline - now),
-            kill_deadline_in_s=None if kill is None else kill - now,
-        )
+        await self._wait_until(done, timeout_s, zero=True)
+        return self._idle(include_connections, include_requests)
 
     # ------------------------------------------------------------------------ run
 
@@ -526,59 +507,89 @@ class ShutdownCoordinator:
         self._running = True
         if self._phase_since is None:
             self._phase_since = self._now()
-        from ._signals import handle_signals
+        from ._signals import current_schedule
 
+        self._schedule = current_schedule()
+        self._loop_thread = threading.get_ident()
         try:
             async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for task in self._background:
+                    tg.start_soon(self._guarded, task)
+                self._background.clear()
                 if shutdown_trigger is not None:
                     tg.start_soon(self._await_trigger, shutdown_trigger)
+                    task_status.started()
+                    await self._run_phases()
                 else:
-                    await tg.start(handle_signals, self)
-                task_status.started()
-                await self._run_phases(tg)
+                    with catch_signals(
+                        (*SHUTDOWN_SIGNALS, *QUICK_SIGNALS),
+                        self._on_signal,
+                        schedule=self._schedule,
+                    ):
+                        task_status.started()
+                        await self._run_phases()
                 tg.cancel_scope.cancel()
         finally:
+            self._tg = None
             self._running = False
+            self._loop_thread = None
+
+    def _on_signal(self, signum: int) -> None:
+        self.request_shutdown(signal_name(signum), immediate=signum in QUICK_SIGNALS)
 
     async def _await_trigger(self, trigger: Callable[[], Awaitable[object]]) -> None:
         await trigger()
         self.request_shutdown("shutdown trigger")
 
-    async def _run_phases(self, tg: anyio.abc.TaskGroup) -> None:
+    async def _run_phases(self) -> None:
         await self._wait_until(lambda: self._phase > Phase.SERVING, None)
-        background: list[anyio.Event] = []
-        if self._phase is Phase.ACCEPTING:
-            background.append(self._start_hooks(tg, Phase.ACCEPTING))
-            await self._accept()
-        if self._phase is Phase.DRAINING:
-            background.append(self._start_hooks(tg, Phase.DRAINING))
-            await self._drain()
-        for done in background:  # each hook is bounded, so this wait is too
-            await done.wait()
-        await self._run_hooks(Phase.STOPPING)
+        with anyio.CancelScope() as background:
+            async with anyio.create_task_group() as hooks:
+                if self._phase is Phase.ACCEPTING:
+                    hooks.start_soon(self._run_phase_hooks, Phase.ACCEPTING)
+                    await self._accept()
+                if self._phase is Phase.DRAINING:
+                    hooks.start_soon(self._run_phase_hooks, Phase.DRAINING)
+                    await self._drain()
+                # Stopping has its own budget: hooks of earlier phases end here.
+                background.cancel()
+        d = self._deadlines
+        assert d is not None
+        now = self._now
+        await run_hooks(
+            self._stopping_steps, label="stopping step", timeout_s=None, deadline=d.exit_by, now=now
+        )
+        await run_hooks(
+            list(reversed(self._hooks[Phase.STOPPING])),
+            label="stopping hook",
+            timeout_s=self.hook_timeout_s,
+            deadline=d.exit_by,
+            now=now,
+        )
         self._advance(Phase.STOPPED, "shutdown complete")
 
-    def _start_hooks(self, tg: anyio.abc.TaskGroup, phase: Phase) -> anyio.Event:
-        done = anyio.Event()
-
-        async def run() -> None:
-            try:
-                await self._run_hooks(phase)
-            finally:
-                done.set()
-
-        tg.start_soon(run)
-        return done
+    async def _run_phase_hooks(self, phase: Phase) -> None:
+        d = self._deadlines
+        await run_hooks(
+            self._hooks[phase],
+            label=f"{phase} hook",
+            timeout_s=self.hook_timeout_s,
+            deadline=None if d is None else d.stop_by,
+            now=self._now,
+        )
 
     async def _accept(self) -> None:
         assert self._requested_at is not None
         while self._phase is Phase.ACCEPTING:
+            d = self._deadlines
+            assert d is not None
             decision = self.policy.decide(
                 PolicyInput(
                     now=self._now(),
                     requested_at=self._requested_at,
-                    last_connection_at=self._last_connection_at,
-                    accept_deadline=self._accept_deadline(),
+                    last_connection_at=self._last_activity_at,
+                    accept_deadline=d.accept_by,
                     endpoint_removed_at=self._endpoint_removed_at,
                 )
             )
@@ -593,89 +604,133 @@ class ShutdownCoordinator:
     async def _drain(self) -> None:
         assert self._drain_deadline is not None
         next_log = self._now() + 1.0
-        while self._phase is Phase.DRAINING:
-            now = self._now()
-            if self.drained:
-                self._advance(Phase.STOPPING, "drained")
-                return
-            if now >= self._drain_deadline:
-                s = self.statistics()
-                self._advance(
-                    Phase.STOPPING,
-                    f"drain deadline reached with {s.connections} connections, "
-                    f"{s.requests} requests and {s.sessions} sessions left",
-                )
-                return
-            if now >= next_log:
-                s = self.statistics()
-                logger.info(
-                    "draining: %d connections, %d requests in flight, %d sessions, %.1f s left",
-                    s.connections,
-                    s.requests,
-                    s.sessions,
-                    s.time_left_s or 0.0,
-                )
-                next_log = now + 1.0
-            await self._wait_for_change(min(next_log, self._drain_deadline) - now)
-
-    async def _run_hooks(self, phase: Phase) -> None:
-        hooks = self._hooks[phase]
-        if phase is Phase.STOPPING:
-            hooks = [*self._cleanups, *reversed(hooks)]
-        for hook in list(hooks):
-            timeout = self.hook_timeout_s
-            kill = self._kill_deadline()
-            if kill is not None:
-                timeout = max(0.0, min(timeout, kill - self._now() - 0.1))
-            name = getattr(hook, "__qualname__", repr(hook))
-            try:
-                with anyio.move_on_after(timeout) as scope:
-                    if inspect.iscoroutinefunction(hook):
-                        await hook()
-                    else:
-                        result = await anyio.to_thread.run_sync(hook, abandon_on_cancel=True)
-                        if inspect.isawaitable(result):
-                            await result
-                if scope.cancelled_caught:
-                    logger.error("%s hook %s timed out after %.3g s", phase, name, timeout)
-            except Exception:
-                logger.exception("%s hook %s failed", phase, name)
+        self._zero_waiters += 1
+        try:
+            while self._phase is Phase.DRAINING:
+                now = self._now()
+                if self.drained:
+                    self._advance(Phase.STOPPING, "drained")
+                    return
+                if now >= self._drain_deadline:
+                    self._advance(
+                        Phase.STOPPING,
+                        f"drain deadline reached with {self._connections} connections, "
+                        f"{self._requests} requests and {len(self._sessions)} sessions left",
+                    )
+                    return
+                if now >= next_log:
+                    logger.info(
+                        "draining: %d connections, %d requests in flight, %d sessions, %.1f s left",
+                        self._connections,
+                        self._requests,
+                        len(self._sessions),
+                        self.drain_time_left() or 0.0,
+                    )
+                    next_log = now + 1.0
+                await self._wait_for_change(min(next_log, self._drain_deadline) - now)
+        finally:
+            self._zero_waiters -= 1
 
     # ------------------------------------------------------------------- internals
 
-    def _kill_deadline(self) -> float | None:
-        if self.grace_period_s is None or self._requested_at is None:
-            return None
-        return self._requested_at + self.grace_period_s
+    def _plan(self, requested_at: float) -> None:
+        d = _deadlines.plan(
+            requested_at=requested_at,
+            grace_period_s=self.grace_period_s,
+            kill_at=self._kill_at,
+            kill_source=self._kill_source,
+            drain_timeout_s=self.drain_timeout_s,
+            kill_margin_s=self.kill_margin_s,
+        )
+        first = self._deadlines is None
+        self._deadlines = d
+        now = self._now()
+        if first and d.assumed and not isinstance(self.policy, ServeUntilKilled):
+            logger.warning(
+                "no kill deadline known (set --grace-period or %s); assuming %g s",
+                GRACE_PERIOD_ENV,
+                _deadlines.DEFAULT_GRACE_PERIOD_S,
+            )
+        elif first and d.assumed:
+            logger.warning(
+                "no kill deadline known (set --grace-period or %s); serve-until-killed "
+                "assumes Kubernetes' default of %g s",
+                GRACE_PERIOD_ENV,
+                _deadlines.DEFAULT_GRACE_PERIOD_S,
+            )
+        if not first:
+            logger.info("kill deadline from %s: SIGKILL in %.1f s", d.kill_source, d.kill - now)
+        if self._drain_deadline is not None:
+            self._drain_deadline = min(self._drain_deadline, d.stop_by)
+        if self.hard_exit:
+            self._arm_watchdog(d.exit_by - now)
 
-    def _stop_by(self) -> float | None:
-        kill = self._kill_deadline()
-        return None if kill is None else kill - self.kill_margin_s
+    def _arm_watchdog(self, delay_s: float) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        timer = threading.Timer(max(0.0, delay_s), self._hard_exit)
+        timer.daemon = True
+        timer.name = "graceful-hard-exit"
+        timer.start()
+        self._watchdog = timer
 
-    def _accept_deadline(self) -> float | None:
-        stop_by = self._stop_by()
-        if stop_by is None or self._requested_at is None:
-            return None
-        budget = max(0.0, stop_by - self._requested_at)
-        return stop_by - min(self.drain_timeout_s, budget / 2)
+    def _hard_exit(self) -> None:
+        """The watchdog fired: the process is still alive at ``exit_by``."""
+        threads = [
+            t.name
+            for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon and t.is_alive()
+        ]
+        logger.error(
+            "still alive at the last moment before SIGKILL (phase %s); exiting, abandoning "
+            "%d connections, %d requests, %d sessions%s",
+            self._phase,
+            self._connections,
+            self._requests,
+            len(self._sessions),
+            f" and threads {', '.join(threads)}" if len(threads) > 1 else "",
+        )
+        _flush_and_exit(0 if self._phase is Phase.STOPPED else 1)
+
+    def exit_soon(self, within_s: float = 1.0) -> None:
+        """For programs that own the process, after ``STOPPED``: if the interpreter's
+        own teardown (``asyncio.run`` waiting for tasks that ignore cancellation, the
+        default executor's threads) is not done within ``within_s`` (and before the
+        exit deadline), end it with status 0.  Needs ``hard_exit``."""
+        if not self.hard_exit:
+            return
+        d = self._deadlines
+        delay = within_s if d is None else self.time_left_s(d.exit_by, at_most_s=within_s)
+        self._arm_watchdog(delay)
+
+    def _enqueue(self, transitions: tuple[Transition, ...]) -> None:
+        self._queue.extend(transitions)
+        if self._dispatching:
+            return  # a listener asked: announced after the current transition
+        self._dispatching = True
+        try:
+            while self._queue:
+                self._dispatch(self._queue.popleft())
+        finally:
+            self._dispatching = False
 
     def _advance(self, phase: Phase, reason: str) -> None:
-        if phase <= self._phase:
-            return
+        step = self._table.advance(phase, reason)
+        if step is not None:
+            self._enqueue((step,))
+
+    def _dispatch(self, step: Transition) -> None:
+        phase, reason = step.phase, step.reason
         now = self._now()
-        previous, self._phase, self._phase_since, self._reason = (
-            self._phase,
-            phase,
-            now,
-            reason,
-        )
+        previous = self._phase
+        self._phase, self._phase_since, self._reason = phase, now, reason
         if phase >= Phase.DRAINING and not self._draining:
             self._draining = True
-            deadline = now + self.drain_timeout_s
-            stop_by = self._stop_by()
-            if stop_by is not None:
-                deadline = min(deadline, stop_by)
-            self._drain_deadline = deadline
+            d = self._deadlines
+            assert d is not None
+            self._drain_deadline = _deadlines.drain_by(
+                draining_at=now, drain_timeout_s=self.drain_timeout_s, stop_by=d.stop_by
+            )
         self._nudging = phase >= Phase.DRAINING or (
             phase is Phase.ACCEPTING and self.policy.nudge_clients
         )
@@ -686,11 +741,9 @@ class ShutdownCoordinator:
             except Exception:
                 logger.exception("phase listener %r failed", listener)
         extra = ""
-        if phase is Phase.ACCEPTING:
-            kill = self._kill_deadline()
-            extra = f", policy {self.policy.name}" + (
-                "" if kill is None else f", SIGKILL expected in {kill - now:.1f} s"
-            )
+        if phase is Phase.ACCEPTING and self._deadlines is not None:
+            d = self._deadlines
+            extra = f", policy {self.policy.name}, SIGKILL expected in {d.kill - now:.1f} s"
         elif phase is Phase.DRAINING:
             extra = f", {self.drain_time_left():.1f} s to drain"
         logger.info(
@@ -706,17 +759,10 @@ class ShutdownCoordinator:
         if phase is Phase.DRAINING or (phase is Phase.STOPPING and previous < Phase.DRAINING):
             for session in list(self._sessions):
                 session._request_drain()
+        if phase is Phase.STOPPED and self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         self._notify()
-
-    def _check_drained(self) -> None:
-        # Called while draining when requests, sessions or connections reach zero; wake
-        # every waiter (wait_drained may ignore connections, so don't filter here).
-        self._notify()
-
-    def _notify(self) -> None:
-        event, self._changed = self._changed, None
-        if event is not None:
-            event.set()
 
     async def _wait_for_change(self, timeout_s: float | None) -> None:
         if self._changed is None:
@@ -725,11 +771,31 @@ class ShutdownCoordinator:
         with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
             await event.wait()
 
-    async def _wait_until(self, condition: Callable[[], bool], timeout_s: float | None) -> bool:
+    async def _wait_until(
+        self, condition: Callable[[], bool], timeout_s: float | None, *, zero: bool = False
+    ) -> bool:
         if timeout_s is not None:
             _check_seconds("timeout_s", timeout_s)
-        with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
-            while not condition():
-                await self._wait_for_change(None)
-            return True
-        return condition()
+        if zero:
+            self._zero_waiters += 1
+        try:
+            with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
+                while not condition():
+                    await self._wait_for_change(None)
+                return True
+            return condition()
+        finally:
+            if zero:
+                self._zero_waiters -= 1
+
+
+def _flush_and_exit(status: int) -> None:
+    """``os._exit`` after flushing what can be flushed without taking locks we may not
+    get (the main thread may hold them)."""
+    for handler in logging.getLogger().handlers + logging.getLogger("graceful").handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)

@@ -1,5 +1,36 @@
-"""Closing a listener without resetting the connections in its accept backlog.
+"""Listening sockets: count connections from the kernel's hand-over, close keeping the backlog.
 
+Why connections count from ``accept()``
+---------------------------------------
+A drain is done when no connection is left.  If a connection counted only once its
+protocol's ``connection_made`` ran, there is a window in which the event loop has
+already ``accept()``-ed a socket but the coordinator does not know it: on asyncio's
+selector loop ``_accept_connection`` accepts up to ``backlog`` sockets in one callback
+and creates one task per socket, and only that task (one loop iteration later) builds
+the protocol and schedules ``connection_made`` (another iteration).  A SIGTERM handled
+in between saw "0 connections", declared the drain done, and the process exited with
+those sockets — every client that had sent its request got a reset.
+
+So a connection counts from the moment the kernel handed it over:
+
+* **asyncio (selector loops, every Python we support)**: the loop calls the listening
+  socket's Python-level ``accept()``, always in the same callback that creates the
+  hand-over task.  :func:`count_accepts` gives the listening socket a subclass whose
+  ``accept()`` reports each socket before returning it (the object keeps its file
+  descriptor; only its class changes).  No socket the loop accepts escapes the count.
+  The protocol, once created, takes the count over instead of adding to it
+  (:class:`Handovers`).
+* **uvloop**: libuv accepts in C and uvloop calls the protocol factory synchronously in
+  the same callback, before ``connection_made`` is scheduled; so counting at protocol
+  creation *is* counting at the hand-over.
+* **our own backlog accepts** (below) count at their ``accept()`` too.
+
+What is left uncounted: a socket whose hand-over task fails before its protocol exists
+(asyncio then closes it itself); it may hold the count up to the drain deadline, never
+lose a request.
+
+Closing without resetting the backlog
+-------------------------------------
 Closing a listening socket makes the kernel reset every connection that completed its
 handshake but was not yet ``accept()``-ed: those clients already sent a request and get
 ``ECONNRESET``, which is not safe to retry.  So before an :class:`asyncio.Server` is
@@ -17,21 +48,92 @@ connections a sibling would otherwise have taken, which is harmless.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final
+
+from typing_extensions import final
 
 if TYPE_CHECKING:
-    from ._coordinator import ShutdownCoordinator
+    from ._tracking import Tracking
 
-__all__ = ("close_keeping_backlog",)
+__all__ = ("Handovers", "close_keeping_backlog", "count_accepts")
 
 logger = logging.getLogger("graceful")
 
 
-def _accept_all(listeners: list[socket.socket]) -> list[socket.socket]:
+@final
+class Handovers:
+    """Counts each connection once, from its ``accept()`` to its protocol.
+
+    ``accepted()`` at the kernel hand-over (counted at once), ``protocol_created()``
+    when its protocol exists (takes over a pending count, or counts a connection whose
+    accept we did not see — uvloop), ``failed()`` if it never got a protocol.
+    """
+
+    __slots__ = ("_c", "pending")
+
+    def __init__(self, coordinator: Tracking) -> None:
+        self._c = coordinator
+        self.pending = 0
+
+    def accepted(self) -> None:
+        self.pending += 1
+        self._c.connection_opened()
+
+    def protocol_created(self) -> None:
+        if self.pending:
+            self.pending -= 1
+        else:
+            self._c.connection_opened()
+
+    def failed(self) -> None:
+        if self.pending:
+            self.pending -= 1
+        self._c.connection_closed()
+
+
+def _real_socket(obj: object) -> socket.socket | None:
+    if isinstance(obj, socket.socket):
+        return obj
+    inner = getattr(obj, "sock", None)  # gunicorn's socket wrappers
+    return inner if isinstance(inner, socket.socket) else None
+
+
+def count_accepts(server: asyncio.AbstractServer, handovers: Handovers) -> int:
+    """Make ``server``'s listening sockets report every ``accept()`` to ``handovers``.
+
+    Returns:
+        How many listening sockets now count (0 on loops that accept in C: uvloop).
+    """
+    counted = 0
+    for obj in getattr(server, "_sockets", None) or ():  # asyncio.Server's own list
+        sock = _real_socket(obj)
+        if sock is None or getattr(type(sock), "_graceful_counting", False):
+            continue
+        base = type(sock)
+
+        def accept(
+            self: socket.socket, _base: Any = base, _accepted: Any = handovers.accepted
+        ) -> tuple[socket.socket, Any]:
+            conn, address = _base.accept(self)
+            _accepted()
+            return conn, address
+
+        cls = type(
+            f"Counting{base.__name__}",
+            (base,),
+            {"__slots__": (), "_graceful_counting": True, "accept": accept},
+        )
+        sock.__class__ = cls
+        counted += 1
+    return counted
+
+
+def _accept_all(listeners: list[socket.socket], handovers: Handovers) -> list[socket.socket]:
     accepted: list[socket.socket] = []
     for listener in listeners:
         while True:
@@ -39,6 +141,7 @@ def _accept_all(listeners: list[socket.socket]) -> list[socket.socket]:
                 sock, _ = listener.accept()
             except OSError:  # BlockingIOError: backlog empty
                 break
+            handovers.accepted()
             sock.setblocking(False)
             accepted.append(sock)
     return accepted
@@ -48,54 +151,104 @@ def close_keeping_backlog(
     servers: Iterable[asyncio.AbstractServer],
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     loop: asyncio.AbstractEventLoop,
-    coordinator: ShutdownCoordinator,
+    handovers: Handovers,
     *,
     extra_sockets: Iterable[socket.socket] = (),
-) -> list[asyncio.Task[object]]:
+) -> asyncio.Future[list[asyncio.Task[object]]]:
     """Close ``servers`` (and ``extra_sockets``); serve the backlog with ``protocol_factory``.
 
-    Each backlog socket counts as an open connection from the moment it is accepted
-    until its protocol took over, so the coordinator cannot declare the drain done while
-    the hand-over is still under way.
+    ``protocol_factory`` must report ``handovers.protocol_created()`` like the server's
+    own factory does; each backlog socket counts from its accept.
+
+    The loop stops accepting at once (its reader on each listening socket is removed);
+    the server itself is closed only once every socket the loop already accepted has
+    its transport: asyncio's hand-over task attaches the transport to its server and
+    fails (closing the socket: a reset) if the server was closed meanwhile.  Until then
+    the listening sockets stay open, so nothing queued in the kernel is reset either.
 
     Returns:
-        The tasks connecting the accepted backlog sockets (already scheduled).
+        A future of the close (done at once when no hand-over is pending); its result
+        are the tasks serving the backlog.
     """
     servers = list(servers)
     extra = list(extra_sockets)
+    listening = [s for server in servers for s in (server.sockets or ())] + extra  # type: ignore[attr-defined]
     dups: list[socket.socket] = []
-    for listening in [s for server in servers for s in (server.sockets or ())] + extra:  # type: ignore[attr-defined]
+    for sock in listening:
+        with contextlib.suppress(ValueError, OSError, NotImplementedError):
+            loop.remove_reader(sock.fileno())  # uvloop: not a reader of ours, no-op
         try:
-            dup = socket.socket(fileno=os.dup(listening.fileno()))
+            dup = socket.socket(fileno=os.dup(sock.fileno()))
         except OSError:
             continue
         dup.setblocking(False)
         dups.append(dup)
-    backlog = _accept_all(dups)
-    for server in servers:
-        server.close()  # the loop stops reading; the dups keep the sockets listening
-    for sock in extra:
-        sock.close()
-    backlog += _accept_all(dups)  # whatever completed its handshake meanwhile
-    for dup in dups:
-        dup.close()
-    if backlog:
-        logger.debug("serving %d connections from the accept backlog", len(backlog))
-    for _ in backlog:
-        coordinator.connection_opened()
-    return [loop.create_task(_serve(loop, protocol_factory, sock, coordinator)) for sock in backlog]
+    serving = [
+        _start(loop, protocol_factory, sock, handovers) for sock in _accept_all(dups, handovers)
+    ]
+
+    def close() -> list[asyncio.Task[object]]:
+        for server in servers:
+            server.close()
+        for sock in extra:
+            sock.close()
+        # Whatever completed its handshake meanwhile.
+        serving.extend(
+            _start(loop, protocol_factory, s, handovers) for s in _accept_all(dups, handovers)
+        )
+        for dup in dups:
+            dup.close()
+        if serving:
+            logger.debug("serving %d connections from the accept backlog", len(serving))
+        return serving
+
+    async def close_after_handovers() -> list[asyncio.Task[object]]:
+        # Hand-over tasks the loop created before its reader was removed are already
+        # scheduled: they reach protocol creation within an iteration or two.
+        for _ in range(_HANDOVER_ITERATIONS):
+            if not handovers.pending:
+                break
+            await asyncio.sleep(0)
+        else:
+            logger.warning("%d accepted connections still not handed over", handovers.pending)
+        return close()
+
+    if not handovers.pending:  # nothing on its way (always so on uvloop): close now
+        done: asyncio.Future[list[asyncio.Task[object]]] = loop.create_future()
+        done.set_result(close())
+        return done
+    return loop.create_task(close_after_handovers())
+
+
+_HANDOVER_ITERATIONS: Final = 1000
+
+
+def _start(
+    loop: asyncio.AbstractEventLoop,
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    sock: socket.socket,
+    handovers: Handovers,
+) -> asyncio.Task[object]:
+    return loop.create_task(_serve(loop, protocol_factory, sock, handovers))
 
 
 async def _serve(
     loop: asyncio.AbstractEventLoop,
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     sock: socket.socket,
-    coordinator: ShutdownCoordinator,
+    handovers: Handovers,
 ) -> object:
+    created = False
+
+    def factory() -> asyncio.BaseProtocol:
+        nonlocal created
+        created = True
+        return protocol_factory()
+
     try:
-        return await loop.connect_accepted_socket(protocol_factory, sock)
+        return await loop.connect_accepted_socket(factory, sock)
     except OSError:
         sock.close()
+        if not created:
+            handovers.failed()
         return None
-    finally:
-        coordinator.connection_closed()  # the protocol reports the connection itself

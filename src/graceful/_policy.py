@@ -109,16 +109,30 @@ class Decision:
 
 
 def _check_seconds(name: str, value: object) -> float:
-    """Return ``value`` as float seconds, or raise a ``ValueError`` naming ``name``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or math.isnan(value)
-        or math.isinf(value)
-        or value < 0
-    ):
+    """Return ``value`` as float seconds, or raise naming ``name``.
+
+    Raises:
+        TypeError: not an ``int`` or ``float`` (``bool`` and strings included).
+        ValueError: NaN, infinite or negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{name} must be a finite number of seconds >= 0, got {type(value).__name__} {value!r}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}") from None
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
+    return seconds
+
+
+def _check_bool(name: str, value: object) -> bool:
+    """Return ``value`` if it is a ``bool``, else raise a ``TypeError`` naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
 
 
 def _check_optional_seconds(name: str, value: object) -> float | None:
@@ -127,6 +141,11 @@ def _check_optional_seconds(name: str, value: object) -> float | None:
         return None
     try:
         return _check_seconds(name, value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a finite number of seconds >= 0 or None, got "
+            f"{type(value).__name__} {value!r}"
+        ) from None
     except ValueError:
         raise ValueError(
             f"{name} must be a finite number of seconds >= 0 or None, got {value!r}"
@@ -155,6 +174,8 @@ class Policy(ABC):
 
     name: ClassVar[str]
     nudge_clients: bool
+    #: Accepting ends at the latest this long after the request (``None``: no limit).
+    max_wait_s: float | None = None
 
     @abstractmethod
     def decide(self, inp: PolicyInput) -> Decision:
@@ -162,7 +183,7 @@ class Policy(ABC):
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServeUntilKilled(Policy):
     """Keep serving normally until the process is killed.
 
@@ -181,6 +202,7 @@ class ServeUntilKilled(Policy):
 
     def __post_init__(self) -> None:
         _check_optional_seconds("max_wait_s", self.max_wait_s)
+        _check_bool("nudge_clients", self.nudge_clients)
 
     def decide(self, inp: PolicyInput) -> Decision:
         end, why = _hard_end(inp, self.max_wait_s)
@@ -190,7 +212,7 @@ class ServeUntilKilled(Policy):
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AcceptUntilIdle(Policy):
     """Keep accepting until no new connection has arrived for ``idle_s`` seconds.
 
@@ -221,6 +243,8 @@ class AcceptUntilIdle(Policy):
         _check_seconds("idle_s", self.idle_s)
         _check_seconds("min_wait_s", self.min_wait_s)
         _check_seconds("max_wait_s", self.max_wait_s)
+        _check_bool("nudge_clients", self.nudge_clients)
+        _check_bool("wait_for_endpoint_removal", self.wait_for_endpoint_removal)
         if self.min_wait_s > self.max_wait_s:
             raise ValueError(
                 f"min_wait_s ({self.min_wait_s:g}) must not exceed max_wait_s ({self.max_wait_s:g})"
@@ -246,13 +270,16 @@ class AcceptUntilIdle(Policy):
 
 
 @final
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RefuseImmediately(Policy):
     """Stop accepting at once and drain in-flight work (stock servers' intent, done right:
     the accept backlog is served, in-flight requests finish, clients get a clean close)."""
 
     name: ClassVar[str] = "refuse-immediately"
     nudge_clients: bool = True
+
+    def __post_init__(self) -> None:
+        _check_bool("nudge_clients", self.nudge_clients)
 
     def decide(self, inp: PolicyInput) -> Decision:
         return Decision(True, "policy refuses new connections immediately")

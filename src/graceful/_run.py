@@ -275,6 +275,8 @@ def _serve_one(args: argparse.Namespace, policy: Policy) -> int:
         drain_timeout_s=args.drain_timeout,
         grace_period_s=args.grace_period,
         kill_margin_s=args.kill_margin,
+        exit_on_third_request=True,  # the process is ours
+        hard_exit=True,
     )
     sys.path.insert(0, os.getcwd())
     config = uvicorn.Config(

@@ -1,65 +1,187 @@
-"""Signal handling: SIGTERM/SIGINT request shutdown (and escalate), SIGQUIT stops at once.
+"""One way to handle signals, for the coordinator, the servers and the ``--workers`` parent.
 
-Handlers are installed only when the caller gives no shutdown trigger (hypercorn's
-``shutdown_trigger`` convention) and only in the main thread — elsewhere Python cannot
-install them, and the caller must pass a trigger.  The handlers that were there before
-are put back on exit, so a coordinator nested in a larger program leaves no trace.
+Why not ``loop.add_signal_handler`` / ``anyio.open_signal_receiver``
+--------------------------------------------------------------------
+asyncio keeps one handler per signal in the loop.  A library that adds its own and later
+removes it also removes the host program's (``remove_signal_handler`` knows no stack) and
+leaves the signal at ``SIG_DFL`` or ignored: a host with its own SIGTERM handler would
+silently stop hearing SIGTERM once our server returned.  So every part of graceful goes
+through :func:`catch_signals`, which uses :func:`signal.signal` only:
 
-We go through :func:`anyio.open_signal_receiver`, which on asyncio uses
-``loop.add_signal_handler`` (the loop's wakeup fd, so a signal wakes a sleeping loop at
-once) and on trio ``trio.open_signal_receiver``.  asyncio's ``remove_signal_handler``
-resets a signal to ``SIG_DFL`` rather than to what was there before, so we record and
-restore the previous handlers ourselves.
+* the previous Python-level handlers are recorded and put back on exit, whatever they
+  were (asyncio's wakeup-fd no-op, uvicorn's, the host's), so nesting leaves no trace;
+* the Python-level handler does nothing but record the signal and *schedule* the
+  callback (``loop.call_soon_threadsafe``, trio's ``run_sync_soon``), because it runs
+  between two arbitrary bytecodes of the main thread; the callback then runs in the
+  event loop like any other callback.  A sleeping loop is woken: the handler's
+  ``call_soon_threadsafe`` writes to the loop's self-pipe (trio: its wakeup fd);
+* a signal that was received but not yet delivered when the block exits is re-raised
+  after the previous handlers are back (what trio's ``open_signal_receiver`` does), so
+  nothing that was sent to the process is lost;
+* :func:`defer_signals` records signals that arrive *before* a server is ready — while
+  the app is imported, in the window between a ``--workers`` child's start and its
+  server's handlers, in a gunicorn worker before ``run()`` — and the next
+  :func:`catch_signals` delivers them first.  A SIGTERM during start-up therefore
+  starts the shutdown once the server is up instead of killing it half-way or being
+  dropped.
+
+Handlers can only be installed in the main thread; elsewhere :func:`catch_signals`
+installs nothing and the caller must use another trigger (hypercorn's
+``shutdown_trigger`` convention).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
+import sys
 import threading
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
+from typing import Any, Final
 
-import anyio
-from anyio.abc import TaskStatus
-
-if TYPE_CHECKING:
-    from ._coordinator import ShutdownCoordinator
-
-__all__ = ("SHUTDOWN_SIGNALS", "handle_signals")
+__all__ = (
+    "QUICK_SIGNALS",
+    "SHUTDOWN_SIGNALS",
+    "catch_signals",
+    "current_schedule",
+    "defer_signals",
+    "signal_name",
+    "take_deferred",
+)
 
 #: Signals that request shutdown; a repeat escalates.
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+#: Signals that stop at once.
+QUICK_SIGNALS: Final = (signal.SIGQUIT,)
+
+Schedule = Callable[[Callable[[], object]], object]
+
+_deferred: list[int] = []  # signals recorded by defer_signals, oldest first
+_deferred_lock = threading.Lock()
 
 
-def _signal_name(signum: int) -> str:
+def signal_name(signum: int) -> str:
+    """``"SIGTERM"`` for 15, the number as text for an unknown signal."""
     try:
         return signal.Signals(signum).name
-    except ValueError:  # pragma: no cover - only known signals are installed
+    except ValueError:
         return str(signum)
 
 
-async def handle_signals(
-    coordinator: ShutdownCoordinator,
-    *,
-    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    """Forward shutdown signals to ``coordinator`` until cancelled.
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
-    Reports started once the handlers are in place (or at once outside the main thread,
-    where none can be installed).
+
+def _record(signum: int, frame: FrameType | None) -> None:
+    with _deferred_lock:
+        _deferred.append(signum)
+
+
+def defer_signals(signums: Iterable[int] = (*SHUTDOWN_SIGNALS, *QUICK_SIGNALS)) -> None:
+    """Keep ``signums`` for the next :func:`catch_signals` instead of acting on them now.
+
+    For the start-up of a process that graceful owns (``graceful run``, gunicorn
+    workers): call it first, before the app is imported.  Does nothing outside the main
+    thread.
     """
-    if threading.current_thread() is not threading.main_thread():
-        task_status.started()
+    if not _in_main_thread():
         return
-    signums = [*SHUTDOWN_SIGNALS, signal.SIGQUIT]
-    previous = {signum: signal.getsignal(signum) for signum in signums}
+    for signum in signums:
+        signal.signal(signum, _record)
+
+
+def take_deferred(signums: Iterable[int]) -> list[int]:
+    """Remove and return the deferred signals among ``signums``, oldest first (for a
+    caller that gives up before delivering them, to re-raise them)."""
+    signums = set(signums)
+    with _deferred_lock:
+        taken = [s for s in _deferred if s in signums]
+        _deferred[:] = [s for s in _deferred if s not in signums]
+    return taken
+
+
+def current_schedule() -> Schedule:
+    """A thread- and signal-safe way to run a callback in the running event loop.
+
+    Raises:
+        RuntimeError: outside an asyncio or trio event loop.
+    """
     try:
-        with anyio.open_signal_receiver(*signums) as received:
-            task_status.started()
-            async for signum in received:
-                coordinator.request_shutdown(
-                    _signal_name(signum), immediate=signum == signal.SIGQUIT
-                )
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            token = trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            pass
+        else:
+            run_sync_soon: Schedule = token.run_sync_soon
+            return run_sync_soon
+    raise RuntimeError("catch_signals() needs a running asyncio or trio event loop")
+
+
+@contextlib.contextmanager
+def catch_signals(
+    signums: Iterable[int],
+    on_signal: Callable[[int], None],
+    *,
+    schedule: Schedule | None = None,
+) -> Iterator[bool]:
+    """Call ``on_signal(signum)`` in the event loop for each of ``signums`` received.
+
+    Args:
+        signums: The signals to catch.
+        on_signal: Called once per signal received, in order, never from inside the
+            Python-level signal handler.
+        schedule: Runs a callback in the loop, thread- and signal-safely; default: the
+            running asyncio loop's ``call_soon_threadsafe`` or trio's ``run_sync_soon``.
+            A synchronous program (the ``--workers`` parent) passes a function that
+            queues the call for its own main loop.
+
+    Yields:
+        ``True`` if handlers were installed, ``False`` outside the main thread.
+    """
+    if not _in_main_thread():
+        yield False
+        return
+    wanted = list(dict.fromkeys(signums))
+    if schedule is None:
+        schedule = current_schedule()
+    pending: list[int] = []
+    lock = threading.Lock()
+
+    def deliver() -> None:
+        with lock:
+            ready = list(pending)
+            pending.clear()
+        for signum in ready:
+            on_signal(signum)
+
+    def enqueue(signum: int) -> None:
+        with lock:
+            pending.append(signum)
+        with contextlib.suppress(RuntimeError):  # the loop is closing: re-raised on exit
+            schedule(deliver)
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        enqueue(signum)
+
+    previous: dict[int, Any] = {}
+    try:
+        for signum in wanted:
+            previous[signum] = signal.signal(signum, handler)
+        for signum in take_deferred(wanted):
+            enqueue(signum)
+        yield True
     finally:
-        for signum, handler in previous.items():
-            if handler is not None:
-                signal.signal(signum, handler)
+        for signum, old in previous.items():
+            signal.signal(signum, signal.SIG_DFL if old is None else old)
+        with lock:
+            undelivered = list(pending)
+            pending.clear()
+        for signum in undelivered:
+            signal.raise_signal(signum)

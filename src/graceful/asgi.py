@@ -65,6 +65,7 @@ logger = logging.getLogger("graceful")
 
 _CLOSE: Final = (b"connection", b"close")
 _TEXT: Final = [(b"content-type", b"text/plain; charset=utf-8")]
+_CUT_SEND_S: Final = 1.0  # the longest a cut request's 503 may take to send
 
 
 def _with_connection_close(message: Message) -> Message:
@@ -152,7 +153,7 @@ class GracefulMiddleware:
         websocket_close_grace_s: float = 1.0,
     ) -> None:
         if not isinstance(coordinator, ShutdownCoordinator):
-            raise ValueError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
+            raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
         if (
             isinstance(websocket_close_grace_s, bool)
             or not isinstance(websocket_close_grace_s, (int, float))
@@ -174,8 +175,12 @@ class GracefulMiddleware:
         ):
             if _check_path(name, path) is not None:
                 assert path is not None
+                if path in self._health:
+                    raise ValueError(f"{name} {path!r} is already used by another health endpoint")
                 self._health[path] = handler
         self._signal = DrainSignal(coordinator)
+        self._request_started = coordinator.request_started
+        self._request_finished = coordinator.request_finished
         self._lifespan_seen = False
         self._started = False
 
@@ -192,10 +197,9 @@ class GracefulMiddleware:
                 scope["extensions"] = {"graceful": self._signal}
             else:  # the server's dict for this request
                 extensions["graceful"] = self._signal
-            # The hot path, kept flat: coordinator.track_request() is inlined (a context
-            # manager costs as much as the rest of the middleware).  The send wrapper is
-            # needed even while serving: a request that started before SIGTERM must still
-            # nudge its client, and a cut request must know whether its response started.
+            # The hot path, kept flat.  The send wrapper is needed even while serving: a
+            # request that started before SIGTERM must still nudge its client, and a cut
+            # request must know whether its response started.
             c = self.coordinator
             nudge = scope.get("http_version", "1.1") not in ("2", "3")
             started = False
@@ -204,22 +208,19 @@ class GracefulMiddleware:
                 nonlocal started
                 if message["type"] == "http.response.start":
                     started = True
-                    if nudge and c._nudging:
+                    if nudge and c.nudging:
                         message = _with_connection_close(message)
                 await send(message)
 
-            c._requests += 1
-            c._requests_total += 1
+            self._request_started()
             try:
                 await self.app(scope, receive, wrapped_send)
-            except anyio.get_cancelled_exc_class():
-                if c._phase < Phase.STOPPING:
-                    raise
-                await self._cut(scope, send, started=started)
+            except BaseException as exc:
+                if c.cutting and not started and isinstance(exc, anyio.get_cancelled_exc_class()):
+                    await self._cut(scope, send)
+                raise
             finally:
-                c._requests -= 1
-                if c._draining and not c._requests:
-                    c._check_drained()
+                self._request_finished()
         elif kind == "websocket":
             self._add_extension(scope)
             await self._websocket(scope, receive, send)
@@ -235,27 +236,49 @@ class GracefulMiddleware:
         else:
             extensions["graceful"] = self._signal
 
-    async def _cut(self, scope: Scope, send: Send, *, started: bool) -> None:
-        """A request cancelled by *stopping* (drain deadline, escalation): answer 503
-        with ``Connection: close`` if its response had not started, rather than a 500 or
-        a hang; otherwise the server closes the connection."""
-        reason = self.coordinator.statistics().reason
-        logger.warning("request %s cut: %s", scope.get("path"), reason)
-        if started:
-            return
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [*_TEXT, _CLOSE, (b"retry-after", b"0")],
-            }
-        )
-        await send({"type": "http.response.body", "body": b"server shutting down\n"})
+    async def _cut(self, scope: Scope, send: Send) -> None:
+        """A request cancelled while stopping (drain deadline, escalation) whose
+        response had not started: answer 503 with ``Connection: close`` rather than a
+        500 or nothing.  The send runs shielded from the cancellation being delivered
+        (an anyio scope would cancel it again at once) and bounded by the time stopping
+        has left; the caller re-raises the cancellation."""
+        c = self.coordinator
+        logger.warning("request %s cut: %s", scope.get("path"), c.statistics().reason)
+        d = c.deadlines
+        limit = c.time_left_s(None if d is None else d.exit_by, at_most_s=_CUT_SEND_S)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(limit):
+            try:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 503,
+                        "headers": [*_TEXT, _CLOSE, (b"retry-after", b"0")],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b"server shutting down\n"})
+            except Exception:  # the client is gone, or the server refuses: nothing to do
+                logger.debug("could not answer the cut request %s", scope.get("path"))
 
     # ----------------------------------------------------------------- websockets
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        closed = False
+        """Run a websocket session; close it with 1001 once draining asks it to end.
+
+        ``on_drain`` may run from an event-loop callback (a signal escalating to
+        stopping), so it only sets an event; the closer is a task of our own.  The app
+        runs in the task group's body but its exception is re-raised as itself, not as
+        an ``ExceptionGroup``.  After the client disconnected nothing more is sent.
+        """
+        c = self.coordinator
+        closed = False  # we sent a close, or the client is gone
+        drain = anyio.Event()
+
+        async def tracking_receive() -> Message:
+            nonlocal closed
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                closed = True
+            return message
 
         async def tracking_send(message: Message) -> None:
             nonlocal closed
@@ -266,20 +289,29 @@ class GracefulMiddleware:
             await send(message)
 
         async def close_going_away() -> None:
-            await anyio.sleep(self.websocket_close_grace_s)
-            if not closed:
+            await drain.wait()
+            # The grace to finish by itself, cut short when stopping begins.
+            await c.wait_for_phase(Phase.STOPPING, timeout_s=self.websocket_close_grace_s)
+            if closed:
+                return
+            try:
                 await tracking_send(
                     {"type": "websocket.close", "code": 1001, "reason": "server shutting down"}
                 )
+            except Exception:  # the connection went away meanwhile
+                logger.debug("could not close websocket %s with 1001", scope.get("path"))
 
+        error: Exception | None = None
         async with anyio.create_task_group() as tg:
-
-            def on_drain() -> None:
-                tg.start_soon(close_going_away)
-
-            with self.coordinator.track_session(on_drain):
-                await self.app(scope, receive, tracking_send)
+            tg.start_soon(close_going_away)
+            with c.track_session(drain.set):
+                try:
+                    await self.app(scope, tracking_receive, tracking_send)
+                except Exception as exc:
+                    error = exc
             tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------------- lifespan
 

@@ -37,19 +37,20 @@ when draining begins.  At *stopping* the remaining transports are closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
 from typing_extensions import Self, final
 
 from ._coordinator import ShutdownCoordinator
-from ._listeners import close_keeping_backlog
+from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase
 
-__all__ = ("GracefulServer", "create_server", "start_server")
+__all__ = ("GracefulServer", "Messages", "create_server", "start_server")
 
 T = TypeVar("T")
 logger = logging.getLogger("graceful")
@@ -64,10 +65,25 @@ class _Tracking(asyncio.Protocol):
         self._server = server
         self._inner = inner
         self._transport: asyncio.BaseTransport | None = None
+        # StreamWriter.start_tls() moves the inner protocol behind an SSL protocol and
+        # the transport stops talking to us: hear its close from the inner protocol.
+        lost = inner.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            try:
+                lost(exc)
+            finally:
+                server._connection_lost(self)
+
+        self._lost = False
+        # A protocol with __slots__ refuses: it has no TLS upgrade to follow.
+        with contextlib.suppress(AttributeError):
+            inner.connection_lost = connection_lost  # type: ignore[method-assign]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport
-        self._server._connection_made(self)
+        self._server._connections.add(self)
+        self._server._all_closed.clear()
         self._inner.connection_made(transport)
         if self._server.is_draining:
             self._request_drain()
@@ -114,6 +130,28 @@ class _TrackingBuffered(_Tracking, asyncio.BufferedProtocol):
 
 
 @final
+class Messages(AsyncIterator[T]):
+    """Per-connection message reader from :meth:`GracefulServer.messages`."""
+
+    __slots__ = ("_first", "_read", "_server")
+
+    def __init__(self, server: GracefulServer, read: Callable[[], Awaitable[T]]) -> None:
+        self._server = server
+        self._read = read
+        self._first = True
+
+    def __aiter__(self) -> Messages[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        first, self._first = self._first, False
+        message = await self._server.unless_draining(self._read(), first=first)
+        if not message:
+            raise StopAsyncIteration
+        return message
+
+
+@final
 class GracefulServer:
     """An :class:`asyncio.Server` that obeys a coordinator; see the module docs.
 
@@ -136,10 +174,14 @@ class GracefulServer:
         self._all_closed.set()
         #: Set when the server starts draining (the listener is closed).
         self.draining = asyncio.Event()
-        self._backlog_tasks: list[asyncio.Task[object]] = []
+        self._closing: asyncio.Future[list[asyncio.Task[object]]] | None = None
+        self._handovers = Handovers(coordinator)
         self._unsubscribe = coordinator.subscribe(self._on_phase)
 
     def _wrapped_factory(self) -> _Tracking:
+        # The connection counts from here on uvloop, from the accept() on asyncio
+        # (see graceful._listeners); it is reported closed by connection_lost.
+        self._handovers.protocol_created()
         inner = self._factory()
         if isinstance(inner, asyncio.BufferedProtocol):
             return _TrackingBuffered(self, inner)
@@ -196,6 +238,11 @@ class GracefulServer:
         drain = asyncio.ensure_future(self.draining.wait())
         try:
             await asyncio.wait((task, drain), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The handler is cancelled: the read must not outlive it (an orphaned
+            # readline() would eat the bytes of a request nobody answers).
+            task.cancel()
+            raise
         finally:
             drain.cancel()
         if task.done():
@@ -204,22 +251,36 @@ class GracefulServer:
         await asyncio.wait((task,))  # raises only if *we* are cancelled meanwhile
         return None
 
+    def messages(self, read: Callable[[], Awaitable[T]]) -> Messages[T]:
+        """The messages of one connection, as long as the server is not draining.
+
+        ::
+
+            async def handle(reader, writer):
+                async for line in server.messages(reader.readline):
+                    ...answer line...
+
+        The first message is always awaited (a connection from the accept backlog
+        arrives after draining began and has sent, or is sending, its request); each
+        later one only until draining begins.  The iteration ends at end of stream (a
+        falsy message: ``b""``) or when draining begins between two messages.
+        """
+        return Messages(self, read)
+
     # ------------------------------------------------------------------- lifecycle
 
     async def _start(self, coro: Coroutine[Any, Any, asyncio.AbstractServer]) -> None:
         self._server = await coro
-
-    def _connection_made(self, conn: _Tracking) -> None:
-        self._connections.add(conn)
-        self._all_closed.clear()
-        self.coordinator.connection_opened()
+        count_accepts(self._server, self._handovers)
 
     def _connection_lost(self, conn: _Tracking) -> None:
-        if conn in self._connections:
-            self._connections.discard(conn)
-            self.coordinator.connection_closed()
-            if not self._connections:
-                self._all_closed.set()
+        if conn._lost:
+            return
+        conn._lost = True
+        self._connections.discard(conn)
+        self.coordinator.connection_closed()
+        if not self._connections:
+            self._all_closed.set()
 
     def _on_phase(self, phase: Phase) -> None:
         if phase >= Phase.DRAINING and not self.draining.is_set():
@@ -238,8 +299,8 @@ class GracefulServer:
         """Close the listener without resetting connections in the accept backlog."""
         server, self._server = self._server, None
         if server is not None:
-            self._backlog_tasks = close_keeping_backlog(
-                [server], self._wrapped_factory, self._loop, self.coordinator
+            self._closing = close_keeping_backlog(
+                [server], self._wrapped_factory, self._loop, self._handovers
             )
 
     async def wait_closed(self, *, timeout_s: float | None = None) -> bool:
@@ -275,6 +336,8 @@ class GracefulServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+        if self._closing is not None:
+            await asyncio.wait((self._closing,), timeout=1.0)
         await self.wait_closed(timeout_s=1.0)
 
 

@@ -52,8 +52,9 @@ import uvicorn
 from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
-from ._listeners import close_keeping_backlog
-from ._policy import Phase, Policy
+from ._listeners import Handovers, close_keeping_backlog, count_accepts
+from ._policy import Phase, Policy, _check_seconds
+from ._signals import catch_signals, defer_signals, take_deferred
 from .asgi import ASGIApp, GracefulMiddleware
 
 __all__ = ("Server", "run", "serve")
@@ -64,21 +65,31 @@ logger = logging.getLogger("graceful")
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
 
 
-def _tracking_class(base: type[Any], server: Server) -> type[Any]:
-    """A subclass of a uvicorn protocol class that reports its transport to ``server``.
+def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[Any]:
+    """A subclass of a uvicorn protocol class that reports to ``server``.
 
-    Connections are tracked per transport: a websocket upgrade hands the transport from
-    the HTTP protocol to a websocket protocol without calling the HTTP protocol's
-    ``connection_lost``, so the websocket protocol reports the close.
+    HTTP protocols (``counts``) count their connection when they are *created* — on
+    uvloop that is the kernel hand-over itself; on asyncio it takes over the count the
+    listening socket's ``accept()`` already made (see :mod:`graceful._listeners`).
+    A websocket upgrade hands the transport from the HTTP protocol to a websocket
+    protocol without calling the HTTP protocol's ``connection_lost``, so connections
+    are closed per transport: whichever protocol holds it last reports the close.
     """
     base = getattr(base, "_graceful_base", base)
 
     class Tracking(base):  # type: ignore[misc]
         _graceful_base = base
 
+        if counts:
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                server._handovers.protocol_created()
+                self._graceful_counted = True
+                super().__init__(*args, **kwargs)
+
         def connection_made(self, transport: asyncio.BaseTransport, *args: Any) -> None:
             self._graceful_transport = transport
-            server._transport_opened(transport)
+            server._transport_made(self, transport)
             super().connection_made(transport, *args)
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -105,6 +116,10 @@ class Server(uvicorn.Server):
             ``False`` if you added it yourself (with the same coordinator).
         quick_signals: Signals that stop at once instead of starting the policy
             (gunicorn workers add SIGINT, its "quick shutdown").
+        idle_grace_s: When draining begins, how long a connection with no request in
+            progress (idle keep-alive, or accepted but not yet sent its request) may
+            still send one; it is answered with ``Connection: close``.  Connections
+            accepted later get the same window from their arrival.
         middleware_options: Keyword arguments for the middleware (health paths,
             ``websocket_close_grace_s``).
     """
@@ -116,19 +131,24 @@ class Server(uvicorn.Server):
         coordinator: ShutdownCoordinator | None = None,
         wrap_app: bool = True,
         quick_signals: tuple[int, ...] = (signal.SIGQUIT,),
+        idle_grace_s: float = 1.0,
         **middleware_options: Any,
     ) -> None:
         super().__init__(config)
         self._quick_signals = quick_signals
         self.coordinator = coordinator if coordinator is not None else ShutdownCoordinator()
+        self.idle_grace_s = _check_seconds("idle_grace_s", idle_grace_s)
         self._wrap_app = wrap_app
         self._middleware_options = middleware_options
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._transports: set[asyncio.BaseTransport] = set()
+        self._handovers = Handovers(self.coordinator)
         self._http_class: type[Any] | None = None
         self._listening = True
+        self._closing: asyncio.Future[Any] | None = None
         self._signals_captured = False
+        self._catching = contextlib.ExitStack()
         self.coordinator.subscribe(self._on_phase)
 
     # -------------------------------------------------------------- setting up
@@ -141,22 +161,23 @@ class Server(uvicorn.Server):
             config.loaded_app = GracefulMiddleware(
                 config.loaded_app, coordinator=self.coordinator, **self._middleware_options
             )
-        self._http_class = _tracking_class(config.http_protocol_class, self)
+        self._http_class = _tracking_class(config.http_protocol_class, self, counts=True)
         config.http_protocol_class = self._http_class
         if config.ws_protocol_class is not None:
-            config.ws_protocol_class = _tracking_class(config.ws_protocol_class, self)
+            config.ws_protocol_class = _tracking_class(config.ws_protocol_class, self, counts=False)
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
         """Serve until the coordinator stops (see :meth:`uvicorn.Server.serve`)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        # Handlers first: a SIGTERM while the app is imported starts the shutdown once it
-        # is up, instead of killing the process. super().serve() nests capture_signals.
+        # Signals first (deferred until the server is up: a SIGTERM while the app is
+        # imported or its lifespan starts begins the shutdown once it is listening,
+        # instead of killing the process). super().serve() nests capture_signals.
         with self.capture_signals():
             self._prepare()
-            self.coordinator._add_cleanup(self._finish)
-            # Signals reach the coordinator through handle_exit, so give it a trigger that
-            # never fires: it must not install handlers of its own.
+            self.coordinator.add_stopping_step(self._finish)
+            # Signals reach the coordinator through this server, so give it a trigger
+            # that never fires: it must not install handlers of its own.
             task = asyncio.ensure_future(self.coordinator.run(shutdown_trigger=_never))
             try:
                 await super().serve(sockets)
@@ -165,26 +186,56 @@ class Server(uvicorn.Server):
                     task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if self.coordinator.phase is Phase.STOPPED:
+            self.coordinator.exit_soon()
+
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        """uvicorn's startup, then: count accepts, obey a shutdown requested meanwhile,
+        and start handling the signals deferred so far."""
+        await super().startup(sockets=sockets)
+        for server in getattr(self, "servers", []):
+            count_accepts(server, self._handovers)
+        if not self._listening:  # draining began before the listener existed
+            self._listening = True
+            self._stop_listening()
+        if self._signals_captured and self._loop is not None:
+            self._catching.enter_context(
+                catch_signals(
+                    HANDLED_SIGNALS,
+                    self._request_shutdown,
+                    schedule=self._loop.call_soon_threadsafe,
+                )
+            )
 
     # ----------------------------------------------------------------- signals
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
-        """Route SIGINT, SIGTERM and SIGQUIT to the coordinator; restore on exit."""
+        """Route SIGINT, SIGTERM and SIGQUIT to the coordinator; restore on exit.
+
+        Until the server listens, signals are only recorded
+        (:func:`graceful._signals.defer_signals`); :meth:`startup` then delivers them.
+        On exit the previous handlers are back and a signal that was never delivered is
+        re-raised to them.
+        """
         if self._signals_captured or threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        previous = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
+        defer_signals(HANDLED_SIGNALS)
         self._signals_captured = True
         try:
             yield
         finally:
+            self._catching.close()
             self._signals_captured = False
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            for signum in take_deferred(HANDLED_SIGNALS):
+                signal.raise_signal(signum)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Signal handler: request shutdown from the coordinator (in the loop)."""
+        """uvicorn's signal entry point: request shutdown from the coordinator."""
         loop = self._loop
         if loop is None or loop.is_closed():
             self.should_exit = True
@@ -197,25 +248,49 @@ class Server(uvicorn.Server):
 
     # -------------------------------------------------------------- the phases
 
-    def _transport_opened(self, transport: asyncio.BaseTransport) -> None:
-        if transport not in self._transports:
-            self._transports.add(transport)
+    def _transport_made(self, protocol: Any, transport: asyncio.BaseTransport) -> None:
+        if transport in self._transports:
+            return  # a websocket upgrade: same connection
+        self._transports.add(transport)
+        if not getattr(protocol, "_graceful_counted", False):
             self.coordinator.connection_opened()
+        if self.coordinator.draining and self._loop is not None:
+            # Accepted late (backlog, or just before the listener closed): it gets the
+            # same window for its first request as the idle ones at draining.
+            self._loop.call_later(self.idle_grace_s, self._shutdown_connection, protocol)
 
     def _transport_closed(self, transport: asyncio.BaseTransport) -> None:
         if transport in self._transports:
             self._transports.discard(transport)
             self.coordinator.connection_closed()
 
+    def _is_http(self, connection: Any) -> bool:
+        return self._http_class is None or isinstance(connection, self._http_class)
+
+    def _shutdown_connection(self, connection: Any) -> None:
+        """Close ``connection`` if idle, else after its response (uvicorn's shutdown)."""
+        if connection in self.server_state.connections and self._is_http(connection):
+            connection.shutdown()
+
     def _on_phase(self, phase: Phase) -> None:
         if phase >= Phase.DRAINING:
             self._stop_listening()
-            if phase is Phase.DRAINING:
-                # Idle keep-alive connections close now, busy ones after their response.
-                # Websockets are left to the middleware (close code 1001 after a grace).
+            if phase is Phase.DRAINING and self._loop is not None:
+                # Busy connections close after their response (Connection: close);
+                # connections with no request in progress get idle_grace_s to send one,
+                # then close.  Websockets are left to the middleware (1001 after a grace).
+                connection: Any
                 for connection in list(self.server_state.connections):
-                    if self._http_class is None or isinstance(connection, self._http_class):
+                    if not self._is_http(connection):
+                        continue
+                    if getattr(connection, "cycle", None) is not None and not getattr(
+                        connection.cycle, "response_complete", True
+                    ):
                         connection.shutdown()
+                    else:
+                        self._loop.call_later(
+                            self.idle_grace_s, self._shutdown_connection, connection
+                        )
         if phase >= Phase.STOPPING:
             self.should_exit = True
             if self._wake is not None:
@@ -226,7 +301,9 @@ class Server(uvicorn.Server):
             return
         self._listening = False
         servers, self.servers = list(getattr(self, "servers", [])), []
-        close_keeping_backlog(servers, self._protocol_factory, self._loop, self.coordinator)
+        self._closing = close_keeping_backlog(
+            servers, self._protocol_factory, self._loop, self._handovers
+        )
 
     def _protocol_factory(self) -> asyncio.Protocol:
         cls: Any = self.config.http_protocol_class  # uvicorn types it as asyncio.Protocol
@@ -257,7 +334,7 @@ class Server(uvicorn.Server):
         """Wait for the coordinator to stop, keeping uvicorn's housekeeping going.
 
         The cut of what is left and lifespan shutdown run as the coordinator's first
-        STOPPING hook (:meth:`_finish`), so they are bounded like every hook.
+        stopping step (:meth:`_finish`), so they share stopping's budget.
         """
         c = self.coordinator
         # uvicorn's on_tick logs "Maximum request limit exceeded" at every tick once it is
@@ -270,27 +347,39 @@ class Server(uvicorn.Server):
         await self._tick_until(Phase.STOPPED)
 
     async def _finish(self) -> None:
-        """Cancel requests still running, close what is left, run lifespan shutdown."""
+        """Stopping: let websockets close with 1001, cut requests, run lifespan shutdown.
+
+        Each part gets a share of what is left of stopping's budget, so lifespan
+        shutdown always gets its turn.
+        """
+        c = self.coordinator
+        d = c.deadlines
+        exit_by = None if d is None else d.exit_by
         self._stop_listening()
+        if self._closing is not None:
+            await asyncio.wait((self._closing,), timeout=c.time_left_s(exit_by, at_most_s=0.5))
+        # Sessions were told to end when stopping began; their 1001 goes out first
+        # (uvicorn's own websocket shutdown would send 1012).
+        left = c.time_left_s(exit_by, at_most_s=1.0)
+        await c.wait_drained(
+            include_connections=False,
+            include_requests=False,
+            until_stopping=False,
+            timeout_s=left / 3,
+        )
+        tasks = [t for t in self.server_state.tasks if not t.done()]
+        if tasks:
+            logger.warning("cutting %d request(s) still running", len(tasks))
+            for task in tasks:
+                task.cancel(msg="graceful: stopping")
+            left = c.time_left_s(exit_by, at_most_s=1.0)
+            await asyncio.wait(tasks, timeout=left / 2)
         for connection in list(self.server_state.connections):
             connection.shutdown()
-        tasks = list(self.server_state.tasks)
-        if tasks:
-            logger.warning("cancelling %d request(s) still running", len(tasks))
-            for task in tasks:
-                task.cancel(msg="graceful: drain deadline reached")
-            await asyncio.wait(tasks, timeout=self._time_left(1.0))
         for transport in list(self._transports):
             transport.close()
         if not self.force_exit:
             await self.lifespan.shutdown()
-
-    def _time_left(self, at_most_s: float) -> float:
-        """``at_most_s``, or less if the kill deadline comes sooner."""
-        kill_in = self.coordinator.statistics().kill_deadline_in_s
-        if kill_in is None:
-            return at_most_s
-        return max(0.0, min(at_most_s, kill_in - 0.1))
 
 
 async def _never() -> None:

@@ -313,7 +313,7 @@ def test_third_signal_exits_at_once(servers: list[ServerProcess]) -> None:
     script = (
         "import anyio, graceful, logging\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "c = graceful.ShutdownCoordinator(hook_timeout_s=60)\n"
+        "c = graceful.ShutdownCoordinator(hook_timeout_s=60, exit_on_third_request=True)\n"
         "async def hang():\n"
         "    print('hook hanging', flush=True)\n"
         "    await anyio.sleep(60)\n"

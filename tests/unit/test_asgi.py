@@ -141,7 +141,7 @@ async def test_works_as_starlette_middleware() -> None:
 )
 def test_bad_options_are_rejected(kwargs: dict[str, Any], message: str) -> None:
     options: dict[str, Any] = {"coordinator": ShutdownCoordinator(), **kwargs}
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((TypeError, ValueError), match=message):
         GracefulMiddleware(hello, **options)
 
 

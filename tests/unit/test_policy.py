@@ -119,7 +119,8 @@ def test_refuse_immediately_stops_at_once() -> None:
 @pytest.mark.parametrize("value", [-1, -0.001, math.nan, math.inf, -math.inf, "3", True])
 @pytest.mark.parametrize("name", ["idle_s", "min_wait_s", "max_wait_s"])
 def test_accept_until_idle_rejects_bad_durations(name: str, value: object) -> None:
-    with pytest.raises(ValueError, match=rf"{name} must be a finite number of seconds >= 0, got"):
+    error = TypeError if isinstance(value, (str, bool)) else ValueError
+    with pytest.raises(error, match=rf"{name} must be a finite number of seconds >= 0, got"):
         AcceptUntilIdle(**{name: value})  # type: ignore[arg-type]
 
 

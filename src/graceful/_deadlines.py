@@ -1,0 +1,143 @@
+"""Deadlines as data: pure functions from a few numbers to the times everything must end.
+
+Why a module of its own
+-----------------------
+Every time limit of a shutdown derives from one fact — when SIGKILL lands — and a few
+budgets.  Keeping the arithmetic here, free of clocks and I/O, lets the tests check it on
+plain numbers (like :mod:`graceful._policy`) and lets every adapter and the coordinator
+agree on one answer.  All times are floats in seconds on the coordinator's clock.
+
+The timeline of one shutdown::
+
+    requested ──accepting──▶ accept_by ──draining──▶ stop_by ──stopping──▶ exit_by ▶ kill
+                                                     │◀── stop budget ──▶│◀ exit ▶│
+                                                     │◀──────── kill_margin_s ────▶│
+
+* ``kill``: when SIGKILL lands.  Known absolutely (Kubernetes' ``deletionTimestamp``,
+  :meth:`ShutdownCoordinator.set_kill_deadline`) or as ``requested + grace_period_s``.
+  With neither, Kubernetes' default grace period (30 s) is assumed — a pod with the
+  default configuration is killed then, so accepting or draining past it only loses
+  work — and the coordinator warns once.
+* ``stop_by = kill - kill_margin_s``: stopping begins at the latest here.  The margin is
+  stopping's own budget: cutting what is left, the ASGI lifespan shutdown and the
+  ``STOPPING`` hooks share it, in that order.  Hooks of earlier phases that still run at
+  ``stop_by`` are cancelled; they never eat into it.
+* ``exit_by = kill - exit_margin(kill_margin_s)``: the last stopping step ends here, and
+  a process that owns its exit (``hard_exit``) leaves here whatever the app is doing.
+* ``accept_by``: the latest end of accepting that leaves draining its time: the drain
+  timeout, but at most half of what is left before ``stop_by``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from typing_extensions import final
+
+__all__ = (
+    "DEFAULT_GRACE_PERIOD_S",
+    "Deadlines",
+    "accept_by",
+    "drain_by",
+    "exit_margin",
+    "plan",
+    "wall_to_loop",
+)
+
+#: Kubernetes' default ``terminationGracePeriodSeconds``, assumed when none is known.
+DEFAULT_GRACE_PERIOD_S: Final = 30.0
+
+
+def exit_margin(kill_margin_s: float) -> float:
+    """Seconds between the hard exit and SIGKILL: a quarter of the margin, ≤ 0.25 s.
+
+    Enough for the interpreter to exit and the kernel to close sockets; the rest of the
+    margin is stopping's budget.
+    """
+    return min(0.25, kill_margin_s / 4)
+
+
+def accept_by(*, requested_at: float, stop_by: float, drain_timeout_s: float) -> float:
+    """The latest end of accepting that leaves draining ``drain_timeout_s`` (at most
+    half the time between the request and ``stop_by``)."""
+    budget = max(0.0, stop_by - requested_at)
+    return stop_by - min(drain_timeout_s, budget / 2)
+
+
+def drain_by(*, draining_at: float, drain_timeout_s: float, stop_by: float) -> float:
+    """When draining must end: its timeout, or ``stop_by`` if that comes first."""
+    return min(draining_at + drain_timeout_s, stop_by)
+
+
+def wall_to_loop(wall_s: float, *, wall_now: float, loop_now: float) -> float:
+    """A wall-clock time (``time.time()`` seconds) on the loop's monotonic clock."""
+    return loop_now + (wall_s - wall_now)
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """The deadlines of one shutdown, on the coordinator's clock.
+
+    Attributes:
+        kill: When SIGKILL lands.
+        kill_source: Where ``kill`` came from (``"grace period 30 s"``, ``"pod"``, …).
+        assumed: ``True`` when no grace period was known and the default was assumed.
+        stop_by: Stopping begins at the latest here.
+        exit_by: Stopping ends here; the hard exit, if enabled, fires here.
+        accept_by: The latest end of accepting.
+    """
+
+    kill: float
+    kill_source: str
+    assumed: bool
+    stop_by: float
+    exit_by: float
+    accept_by: float
+
+    @property
+    def stop_budget_s(self) -> float:
+        """Seconds stopping may take: ``exit_by - stop_by``."""
+        return self.exit_by - self.stop_by
+
+
+def plan(
+    *,
+    requested_at: float,
+    grace_period_s: float | None,
+    kill_at: float | None,
+    kill_source: str | None,
+    drain_timeout_s: float,
+    kill_margin_s: float,
+) -> Deadlines:
+    """The deadlines for a shutdown requested at ``requested_at``.
+
+    Args:
+        requested_at: When shutdown was first requested.
+        grace_period_s: Seconds from the request to SIGKILL, if configured.
+        kill_at: An absolute kill time (wins over ``grace_period_s``), if known.
+        kill_source: Where ``kill_at`` came from, for the log.
+        drain_timeout_s: The longest drain.
+        kill_margin_s: Stopping's budget before SIGKILL (see the module docs).
+    """
+    assumed = False
+    if kill_at is not None:
+        kill, source = kill_at, kill_source or "set by the application"
+    elif grace_period_s is not None:
+        kill, source = requested_at + grace_period_s, f"grace period {grace_period_s:g} s"
+    else:
+        kill = requested_at + DEFAULT_GRACE_PERIOD_S
+        source, assumed = f"assumed default grace period {DEFAULT_GRACE_PERIOD_S:g} s", True
+    stop = max(requested_at, kill - kill_margin_s)
+    exit_ = max(stop, kill - exit_margin(kill_margin_s))
+    return Deadlines(
+        kill=kill,
+        kill_source=source,
+        assumed=assumed,
+        stop_by=stop,
+        exit_by=exit_,
+        accept_by=accept_by(
+            requested_at=requested_at, stop_by=stop, drain_timeout_s=drain_timeout_s
+        ),
+    )

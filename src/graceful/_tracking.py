@@ -1,0 +1,227 @@
+"""What adapters report: connections, requests, sessions, activity — the hot path.
+
+This is the part of the adapter API that runs per request and per connection, so it is
+plain attribute arithmetic on the event-loop thread: no locks, no tasks, no allocation
+per request, no clock read per request (connections do read the clock: their arrival is
+the activity *accept until idle* watches).
+
+Waking waiters
+--------------
+A waiter (``wait_drained``, the drain loop) needs to hear when a count reaches zero, in
+any phase.  Notifying at every zero would cost an event per request on an idle server,
+so the counters notify only while someone waits for it (``_zero_waiters > 0``).
+
+:class:`Tracking` is the base class of :class:`~graceful.ShutdownCoordinator`; the
+coordinator's other half (phases, deadlines, the ``run`` task) lives in
+:mod:`graceful._coordinator`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from types import TracebackType
+
+import anyio
+import anyio.lowlevel
+from typing_extensions import final
+
+__all__ = ("Session", "Tracking")
+
+logger = logging.getLogger("graceful")
+
+
+@final
+class _RequestTracker:
+    """The reusable context manager behind :meth:`Tracking.track_request` (one per
+    coordinator, so tracking a request allocates nothing)."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, coordinator: Tracking) -> None:
+        self._c = coordinator
+
+    def __enter__(self) -> None:
+        c = self._c
+        c._requests += 1
+        c._requests_total += 1
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        c = self._c
+        c._requests -= 1
+        if not c._requests and c._zero_waiters:
+            c._notify()
+
+
+@final
+class Session:
+    """A long-lived session (websocket, streaming response) registered with a coordinator.
+
+    Returned by :meth:`~graceful.ShutdownCoordinator.track_session`; use it as a context
+    manager around the session.  ``on_drain`` is called once when draining begins (or at
+    once if it already has) so the session can finish its current message and end.  It
+    may be called from an event-loop callback rather than a task, so it must only
+    *signal* (set an event, a flag) — never start tasks or await.
+    """
+
+    __slots__ = ("_c", "_on_drain", "drain_requested")
+
+    def __init__(self, coordinator: Tracking, on_drain: Callable[[], None] | None) -> None:
+        self._c = coordinator
+        self._on_drain = on_drain
+        #: ``True`` once the coordinator asked this session to end.
+        self.drain_requested = False
+
+    def __enter__(self) -> Session:
+        c = self._c
+        c._sessions.add(self)
+        if c._draining:
+            self._request_drain()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        c = self._c
+        c._sessions.discard(self)
+        if not c._sessions and c._zero_waiters:
+            c._notify()
+
+    def _request_drain(self) -> None:
+        if self.drain_requested:
+            return
+        self.drain_requested = True
+        if self._on_drain is not None:
+            try:
+                self._on_drain()
+            except Exception:
+                logger.exception("session drain callback %r failed", self._on_drain)
+
+
+class Tracking:
+    """Counters and the hot-path half of the adapter API (see the module docs)."""
+
+    def __init__(self) -> None:
+        self._draining = False  # phase >= DRAINING, read on the hot path
+        self._nudging = False  # clients should be told to close their connection
+        self._requests = 0
+        self._requests_total = 0
+        self._connections = 0
+        self._connections_total = 0
+        self._sessions: set[Session] = set()
+        self._last_activity_at: float | None = None
+        self._zero_waiters = 0
+        self._changed: anyio.Event | None = None
+        self._request_tracker = _RequestTracker(self)
+        self._clock: Callable[[], float] | None = None
+
+    def _now(self) -> float:
+        """The event loop's clock, looked up once (protocol callbacks run outside any
+        task, where anyio cannot tell which backend is running)."""
+        clock = self._clock
+        if clock is None:
+            try:
+                clock = anyio.lowlevel.current_token().backend_class.current_time
+            except anyio.NoEventLoopError:
+                clock = asyncio.get_running_loop().time  # an asyncio protocol callback
+            self._clock = clock
+        return clock()
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, None
+        if event is not None:
+            event.set()
+
+    # ------------------------------------------------------------- requests
+
+    def track_request(self) -> _RequestTracker:
+        """Return a context manager that counts one in-flight request.
+
+        ``with coordinator.track_request(): ...`` costs two integer updates; the object
+        returned is shared, so it needs no allocation.
+        """
+        return self._request_tracker
+
+    def request_started(self) -> None:
+        """Count one in-flight request (for adapters that cannot use a ``with``).
+
+        Every call must be matched by one :meth:`request_finished`.
+        """
+        self._requests += 1
+        self._requests_total += 1
+
+    def request_finished(self) -> None:
+        """The request counted by :meth:`request_started` ended (however it ended)."""
+        self._requests -= 1
+        if not self._requests and self._zero_waiters:
+            self._notify()
+
+    def track_session(self, on_drain: Callable[[], None] | None = None) -> Session:
+        """Return a context manager that counts a long-lived session (websocket, stream).
+
+        Args:
+            on_drain: Called once, synchronously, when draining begins (at once if it
+                already has); it must only signal the session to end (see
+                :class:`Session`).
+        """
+        return Session(self, on_drain)
+
+    # ---------------------------------------------------------- connections
+
+    def connection_opened(self) -> None:
+        """Report a connection the kernel handed over; it counts as activity.
+
+        Call it as early as possible — when the listening socket's ``accept()`` returned,
+        not when the protocol is set up — so that a drain is never declared done while
+        an accepted connection is still on its way to its protocol.
+        """
+        self._connections += 1
+        self._connections_total += 1
+        self._last_activity_at = self._now()
+
+    def connection_closed(self) -> None:
+        """Report that a connection reported by :meth:`connection_opened` closed."""
+        self._connections -= 1
+        if not self._connections and self._zero_waiters:
+            self._notify()
+
+    def report_activity(self) -> None:
+        """Report new traffic without a connection to count.
+
+        For servers that hide their connections (or multiplex streams on one): it
+        restarts *accept until idle*'s window like a new connection would.
+        """
+        self._last_activity_at = self._now()
+        if self._zero_waiters:
+            self._notify()
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def nudging(self) -> bool:
+        """``True`` while responses should tell clients to close their connection."""
+        return self._nudging
+
+    @property
+    def draining(self) -> bool:
+        """``True`` from the moment draining begins (including stopping and stopped)."""
+        return self._draining
+
+    @property
+    def drained(self) -> bool:
+        """``True`` when no connection, request or session is left."""
+        return not (self._connections or self._requests or self._sessions)
+
+    def _idle(self, include_connections: bool = True, include_requests: bool = True) -> bool:
+        if self._sessions or (include_requests and self._requests):
+            return False
+        return not (include_connections and self._connections)
