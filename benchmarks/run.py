@@ -15,6 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 FULL = {
     "tracking.py": [],
+    "instructions.py": [],
     "exit_latency.py": ["--repeats", "5"],
     "overhead.py": ["--duration", "5", "--repeats", "5"],
     "scale.py": ["--connections", "10000", "--repeats", "3"],
@@ -22,6 +23,7 @@ FULL = {
 }
 QUICK = {
     "tracking.py": ["--requests", "200000", "--repeats", "3"],
+    "instructions.py": ["--calls", "2000"],
     "exit_latency.py": ["--repeats", "2"],
     "overhead.py": ["--duration", "2", "--repeats", "1"],
     "scale.py": ["--connections", "2000", "--repeats", "1"],

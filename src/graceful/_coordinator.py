@@ -679,7 +679,9 @@ class ShutdownCoordinator(Tracking):
         threads = [
             t.name
             for t in threading.enumerate()
-            if t is not threading.current_thread() and not t.daemon and t.is_alive()
+            if t not in (threading.current_thread(), threading.main_thread())
+            and not t.daemon
+            and t.is_alive()
         ]
         logger.error(
             "still alive at the last moment before SIGKILL (phase %s); exiting, abandoning "
@@ -688,7 +690,7 @@ class ShutdownCoordinator(Tracking):
             self._connections,
             self._requests,
             len(self._sessions),
-            f" and threads {', '.join(threads)}" if len(threads) > 1 else "",
+            f" and threads {', '.join(threads)}" if threads else "",
         )
         _flush_and_exit(0 if self._phase is Phase.STOPPED else 1)
 

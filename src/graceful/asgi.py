@@ -181,6 +181,10 @@ class GracefulMiddleware:
         self._signal = DrainSignal(coordinator)
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
+        # The hot path reads our own copy of the coordinator's nudging flag, kept
+        # current by a phase listener (a property read per response costs more).
+        self._nudging = coordinator.nudging
+        coordinator.subscribe(self._on_phase)
         self._lifespan_seen = False
         self._started = False
 
@@ -201,14 +205,13 @@ class GracefulMiddleware:
             # request that started before SIGTERM must still nudge its client, and a cut
             # request must know whether its response started.
             c = self.coordinator
-            nudge = scope.get("http_version", "1.1") not in ("2", "3")
             started = False
 
             async def wrapped_send(message: Message) -> None:
                 nonlocal started
                 if message["type"] == "http.response.start":
                     started = True
-                    if nudge and c.nudging:
+                    if self._nudging and scope.get("http_version", "1.1") not in ("2", "3"):
                         message = _with_connection_close(message)
                 await send(message)
 
@@ -228,6 +231,9 @@ class GracefulMiddleware:
             await self.app(scope, self._observe_lifespan(receive), self._observe_send(send))
         else:
             await self.app(scope, receive, send)
+
+    def _on_phase(self, phase: Phase) -> None:
+        self._nudging = self.coordinator.nudging
 
     def _add_extension(self, scope: Scope) -> None:
         extensions = scope.get("extensions")
