@@ -195,6 +195,48 @@ def test_websocket_gets_going_away(servers: list[ServerProcess]) -> None:
     assert server.wait_exit() == 0
 
 
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGQUIT,)], ids=["twice", "sigquit"]
+)
+def test_websocket_gets_going_away_on_escalation(
+    servers: list[ServerProcess], signals: tuple[signal.Signals, ...]
+) -> None:
+    # The session's drain is requested from a loop callback (the signal), not a task.
+    server = start(servers, *POLICIES["serve-until-killed"])
+    with ws_connect(f"ws://127.0.0.1:{server.port}/ws", open_timeout=10) as ws:
+        ws.send("ping")
+        assert ws.recv(timeout=10) == "ping"
+        for sig in signals:
+            server.signal(sig)
+            server.wait_for_line(ACCEPTING if sig is signal.SIGTERM else "stopping")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1001
+    assert server.wait_exit() == 0
+    assert not server.has_line(r"ERROR|Traceback|never awaited")
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_idle_keep_alive_may_send_one_more_request_at_draining(
+    servers: list[ServerProcess], http: str
+) -> None:
+    server = start(servers, "--policy", "refuse-immediately", "--http", http)
+    holder = RawHTTP(server.port)
+    holder.send("/slow?s=2")  # keeps the drain going
+    server.wait_for_line(r"slow request started")
+    idle = RawHTTP(server.port)
+    assert idle.get("/")[0] == 200
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(DRAINING)
+    status, headers, _ = idle.get("/")  # sent right after draining began: answered
+    assert status == 200
+    assert headers["connection"] == "close"
+    assert idle.closed_by_peer()
+    assert holder.response()[0] == 200
+    assert server.wait_exit() == 0
+
+
 def test_readiness_flips_to_503_at_sigterm(servers: list[ServerProcess]) -> None:
     server = start(servers, *POLICIES["serve-until-killed"])
     assert RawHTTP(server.port).get("/readyz")[:1] == (200,)
