@@ -49,17 +49,10 @@ def make_handler(server_ref: list[graceful.asyncio.GracefulServer]):  # type: ig
         server = server_ref[0]
         coordinator = server.coordinator
         try:
-            first = True
-            while True:
-                # Wait for the next request only while not draining: an idle keep-alive
-                # connection closes when draining begins; a new connection's first request
-                # (it may come from the accept backlog, after draining began) is served.
-                if reader.at_eof():
-                    break
-                request = await server.unless_draining(read_request(reader), first=first)
-                first = False
-                if request is None:
-                    break
+            # Wait for the next request only while not draining: an idle keep-alive
+            # connection closes when draining begins; a new connection's first request
+            # (it may come from the accept backlog, after draining began) is served.
+            async for request in server.messages(lambda: read_request(reader)):
                 _method, target, headers = request
                 with coordinator.track_request():
                     url = urlsplit(target)
