@@ -270,7 +270,7 @@ class ShutdownCoordinator(Tracking):
         deadline: float | None = None
         if d is not None:
             if self._phase is Phase.ACCEPTING:
-                deadline = d.accept_by
+                deadline = self._accept_deadline(d)
                 max_wait = self.policy.max_wait_s
                 if max_wait is not None and self._requested_at is not None:
                     deadline = min(deadline, self._requested_at + max_wait)
@@ -584,12 +584,13 @@ class ShutdownCoordinator(Tracking):
         while self._phase is Phase.ACCEPTING:
             d = self._deadlines
             assert d is not None
+            accept_deadline = self._accept_deadline(d)
             decision = self.policy.decide(
                 PolicyInput(
                     now=self._now(),
                     requested_at=self._requested_at,
                     last_connection_at=self._last_activity_at,
-                    accept_deadline=d.accept_by,
+                    accept_deadline=accept_deadline,
                     endpoint_removed_at=self._endpoint_removed_at,
                 )
             )
@@ -633,6 +634,17 @@ class ShutdownCoordinator(Tracking):
 
     # ------------------------------------------------------------------- internals
 
+    def _accept_deadline(self, d: Deadlines) -> float:
+        """``accept_by`` with the drain budget measured now (requests keep being timed
+        while accepting, so the estimate follows the traffic)."""
+        assert self._requested_at is not None
+        return _deadlines.accept_by(
+            requested_at=self._requested_at,
+            stop_by=d.stop_by,
+            drain_timeout_s=self.drain_timeout_s,
+            longest_request_s=self.longest_request_s(),
+        )
+
     def _plan(self, requested_at: float) -> None:
         d = _deadlines.plan(
             requested_at=requested_at,
@@ -641,6 +653,7 @@ class ShutdownCoordinator(Tracking):
             kill_source=self._kill_source,
             drain_timeout_s=self.drain_timeout_s,
             kill_margin_s=self.kill_margin_s,
+            longest_request_s=self.longest_request_s(),
         )
         first = self._deadlines is None
         self._deadlines = d
@@ -745,7 +758,17 @@ class ShutdownCoordinator(Tracking):
         extra = ""
         if phase is Phase.ACCEPTING and self._deadlines is not None:
             d = self._deadlines
-            extra = f", policy {self.policy.name}, SIGKILL expected in {d.kill - now:.1f} s"
+            longest = self.longest_request_s()
+            measured = (
+                "nothing measured yet"
+                if longest is None
+                else f"longest recent request {longest:.3g} s"
+            )
+            extra = (
+                f", policy {self.policy.name}, SIGKILL expected in {d.kill - now:.1f} s"
+                f" ({d.kill_source}); accepting at most {d.accept_by - now:.1f} s, keeping"
+                f" {d.stop_by - d.accept_by:.1f} s to drain: {measured}"
+            )
         elif phase is Phase.DRAINING:
             extra = f", {self.drain_time_left():.1f} s to drain"
         logger.info(

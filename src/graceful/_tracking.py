@@ -5,6 +5,13 @@ plain attribute arithmetic on the event-loop thread: no locks, no tasks, no allo
 per request, no clock read per request (connections do read the clock: their arrival is
 the activity *accept until idle* watches).
 
+Measuring requests, cheaply
+---------------------------
+How long draining needs is measured, not guessed (see :mod:`graceful._deadlines`): the
+first 16 requests and every 16th after that are timed (``request_started`` returns the
+start time, ``request_finished`` takes it back), and the longest of the last 64 samples
+is the estimate.  One request in sixteen pays two clock reads; the others a bit test.
+
 Waking waiters
 --------------
 A waiter (``wait_drained``, the drain loop) needs to hear when a count reaches zero, in
@@ -19,6 +26,7 @@ coordinator's other half (phases, deadlines, the ``run`` task) lives in
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable
 from types import TracebackType
@@ -30,6 +38,9 @@ from typing_extensions import final
 __all__ = ("Session", "Tracking")
 
 logger = logging.getLogger("graceful")
+
+_SAMPLE_EVERY = 16  # time the first 16 requests, then one in 16
+_SAMPLES = 64  # the estimate is the longest of the last 64 samples
 
 
 @final
@@ -120,6 +131,7 @@ class Tracking:
         self._sessions: set[Session] = set()
         self._last_activity_at: float | None = None
         self._zero_waiters = 0
+        self._durations: collections.deque[float] = collections.deque(maxlen=_SAMPLES)
         self._changed: anyio.Event | None = None
         self._request_tracker = _RequestTracker(self)
         self._clock: Callable[[], float] | None = None
@@ -151,19 +163,34 @@ class Tracking:
         """
         return self._request_tracker
 
-    def request_started(self) -> None:
+    def request_started(self) -> float | None:
         """Count one in-flight request (for adapters that cannot use a ``with``).
 
-        Every call must be matched by one :meth:`request_finished`.
+        Every call must be matched by one :meth:`request_finished`, given what this
+        returned: the start time of a request sampled for the duration estimate, else
+        ``None``.
         """
         self._requests += 1
-        self._requests_total += 1
+        n = self._requests_total = self._requests_total + 1
+        if n <= _SAMPLE_EVERY or not n % _SAMPLE_EVERY:
+            return self._now()
+        return None
 
-    def request_finished(self) -> None:
+    def request_finished(self, started_at: float | None = None) -> None:
         """The request counted by :meth:`request_started` ended (however it ended)."""
         self._requests -= 1
+        if started_at is not None:
+            duration = self._now() - started_at
+            longer = not self._durations or duration > max(self._durations)
+            self._durations.append(duration)
+            if longer:  # the drain budget grew: the accepting phase may end sooner
+                self._notify()
         if not self._requests and self._zero_waiters:
             self._notify()
+
+    def longest_request_s(self) -> float | None:
+        """The longest of the recently sampled request durations (``None``: none yet)."""
+        return max(self._durations) if self._durations else None
 
     def track_session(self, on_drain: Callable[[], None] | None = None) -> Session:
         """Return a context manager that counts a long-lived session (websocket, stream).

@@ -215,7 +215,7 @@ class GracefulMiddleware:
                         message = _with_connection_close(message)
                 await send(message)
 
-            self._request_started()
+            sampled = self._request_started()
             try:
                 await self.app(scope, receive, wrapped_send)
             except BaseException as exc:
@@ -223,7 +223,7 @@ class GracefulMiddleware:
                     await self._cut(scope, send)
                 raise
             finally:
-                self._request_finished()
+                self._request_finished(sampled)
         elif kind == "websocket":
             self._add_extension(scope)
             await self._websocket(scope, receive, send)
