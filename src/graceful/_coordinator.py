@@ -408,6 +408,7 @@ class ShutdownCoordinator(Tracking):
         now = self._now()
         if self._requested_at is None:
             self._requested_at = now
+            self._timing = True  # measure what draining will need
             self._plan(now)
         outcome: RequestOutcome = self._table.request_shutdown(
             reason, escalate=escalate, immediate=immediate, drain_now=drain_now

@@ -25,10 +25,10 @@ The timeline of one shutdown::
 * ``exit_by = kill - exit_margin(kill_margin_s)``: the last stopping step ends here, and
   a process that owns its exit (``hard_exit``) leaves here whatever the app is doing.
 * ``accept_by``: the latest end of accepting that leaves draining the time it needs.
-  That need is *measured*: the longest recent request (a sample of request durations,
-  see :mod:`graceful._tracking`) times a safety factor, at least
-  :data:`MIN_DRAIN_BUDGET_S`, at most the drain timeout.  Before anything was measured
-  the conservative rule applies: the drain timeout, but at most half of what is left
+  That need is *measured*: the longest recent request (requests are timed from the
+  shutdown request on, see :mod:`graceful._tracking`) times a safety factor, at least
+  :data:`MIN_DRAIN_BUDGET_S`.  It is bounded by the conservative rule that applies
+  before anything was measured: the drain timeout, but at most half of what is left
   before ``stop_by``.  So serve-until-killed with a 30 s grace period and 0.1 s requests
   accepts until 28 s, not 14.5 s.
 """
@@ -80,7 +80,9 @@ def drain_budget(
     if longest_request_s is None:
         return min(drain_timeout_s, time_to_stop_s / 2)
     wanted = max(MIN_DRAIN_BUDGET_S, DRAIN_SAFETY_FACTOR * longest_request_s)
-    return min(drain_timeout_s, time_to_stop_s, wanted)
+    # Never more than the unmeasured rule keeps: requests too long to fit are cut at the
+    # deadline either way, and accepting must not end the moment one is measured.
+    return min(drain_timeout_s, time_to_stop_s / 2, wanted)
 
 
 def accept_by(

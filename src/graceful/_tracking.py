@@ -7,10 +7,14 @@ the activity *accept until idle* watches).
 
 Measuring requests, cheaply
 ---------------------------
-How long draining needs is measured, not guessed (see :mod:`graceful._deadlines`): the
-first 16 requests and every 16th after that are timed (``request_started`` returns the
-start time, ``request_finished`` takes it back), and the longest of the last 64 samples
-is the estimate.  One request in sixteen pays two clock reads; the others a bit test.
+How long draining needs is measured, not guessed (see :mod:`graceful._deadlines`): from
+the moment shutdown is requested every request is timed (``request_started`` returns the
+start time, ``request_finished`` takes it back), and the longest of the last 32 to 64
+durations is the estimate (two windows, O(1) per request).  While serving normally the
+only cost is one flag test: the hot path of a server that is not shutting down stays as
+cheap as it can be.  The accepting phase starts with the conservative budget and
+extends itself as soon as requests were measured — for serve-until-killed that is within
+the first moments of a long accepting phase.
 
 Waking waiters
 --------------
@@ -26,7 +30,6 @@ coordinator's other half (phases, deadlines, the ``run`` task) lives in
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from collections.abc import Callable
 from types import TracebackType
@@ -39,8 +42,7 @@ __all__ = ("Session", "Tracking")
 
 logger = logging.getLogger("graceful")
 
-_SAMPLE_EVERY = 16  # time the first 16 requests, then one in 16
-_SAMPLES = 64  # the estimate is the longest of the last 64 samples
+_WINDOW = 32  # the estimate is the longest of the last 32 to 64 samples
 
 
 @final
@@ -131,7 +133,11 @@ class Tracking:
         self._sessions: set[Session] = set()
         self._last_activity_at: float | None = None
         self._zero_waiters = 0
-        self._durations: collections.deque[float] = collections.deque(maxlen=_SAMPLES)
+        self._timing = False  # time requests: set once shutdown was requested
+        self._samples = 0
+        self._window_max = 0.0
+        self._window_n = 0
+        self._previous_max = 0.0
         self._changed: anyio.Event | None = None
         self._request_tracker = _RequestTracker(self)
         self._clock: Callable[[], float] | None = None
@@ -171,26 +177,34 @@ class Tracking:
         ``None``.
         """
         self._requests += 1
-        n = self._requests_total = self._requests_total + 1
-        if n <= _SAMPLE_EVERY or not n % _SAMPLE_EVERY:
-            return self._now()
-        return None
+        self._requests_total += 1
+        return self._now() if self._timing else None
 
     def request_finished(self, started_at: float | None = None) -> None:
         """The request counted by :meth:`request_started` ended (however it ended)."""
         self._requests -= 1
         if started_at is not None:
-            duration = self._now() - started_at
-            longer = not self._durations or duration > max(self._durations)
-            self._durations.append(duration)
-            if longer:  # the drain budget grew: the accepting phase may end sooner
-                self._notify()
+            self._sample(self._now() - started_at)
         if not self._requests and self._zero_waiters:
             self._notify()
 
+    def _sample(self, duration: float) -> None:
+        # Two windows of _WINDOW samples: the estimate is the longest of the current
+        # and the previous one, so an old outlier ages out in O(1) per sample.
+        if not self._samples or duration > max(self._window_max, self._previous_max):
+            self._notify()  # the drain budget grew: the accepting phase may end sooner
+        self._samples += 1
+        if duration > self._window_max:
+            self._window_max = duration
+        self._window_n += 1
+        if self._window_n >= _WINDOW:
+            self._previous_max, self._window_max, self._window_n = self._window_max, 0.0, 0
+
     def longest_request_s(self) -> float | None:
         """The longest of the recently sampled request durations (``None``: none yet)."""
-        return max(self._durations) if self._durations else None
+        if not self._samples:
+            return None
+        return max(self._window_max, self._previous_max)
 
     def track_session(self, on_drain: Callable[[], None] | None = None) -> Session:
         """Return a context manager that counts a long-lived session (websocket, stream).

@@ -25,9 +25,10 @@ async def never() -> None:
         (None, 5.0, 29.0, 5.0),
         (0.1, 30.0, 29.0, MIN_DRAIN_BUDGET_S),  # short requests: the floor
         (2.0, 30.0, 29.0, 6.0),  # three times the longest request
-        (20.0, 30.0, 29.0, 29.0),  # never more than the time left
+        (20.0, 30.0, 29.0, 14.5),  # never more than the unmeasured rule
         (20.0, 10.0, 29.0, 10.0),  # never more than the drain timeout
         (1.0, 30.0, -1.0, 0.0),
+        (0.1, 30.0, 1.5, 0.75),  # the floor yields to the time left
     ],
 )
 def test_drain_budget(
@@ -54,15 +55,15 @@ async def test_serve_until_killed_accepts_until_the_measured_budget(
     c = ShutdownCoordinator(policy=ServeUntilKilled(), grace_period_s=30)
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: c.run(shutdown_trigger=never, task_status=task_status))
-        await serve_requests(c, 20, 0.1)
         start = anyio.current_time()
         c.request_shutdown("SIGTERM")
+        await serve_requests(c, 20, 0.1)  # measured while accepting
         assert await c.wait_for_phase(Phase.DRAINING)
         accepted_for = anyio.current_time() - start
         assert await c.wait_for_phase(Phase.STOPPED)
     # kill at 30 s, stopping 1 s before, 1 s (the floor) kept to drain.
     assert accepted_for == pytest.approx(28.0)
-    assert "keeping 1.0 s to drain: longest recent request 0.1 s" in caplog.text
+    assert "keeping 14.5 s to drain: nothing measured yet" in caplog.text
 
 
 async def test_longer_requests_seen_while_accepting_move_the_end(virtual_time: bool) -> None:
@@ -71,10 +72,10 @@ async def test_longer_requests_seen_while_accepting_move_the_end(virtual_time: b
     c = ShutdownCoordinator(policy=ServeUntilKilled(), grace_period_s=30)
     async with anyio.create_task_group() as tg:
         await tg.start(lambda task_status: c.run(shutdown_trigger=never, task_status=task_status))
-        await serve_requests(c, 15, 0.1)
         start = anyio.current_time()
         c.request_shutdown("SIGTERM")
-        await serve_requests(c, 1, 4.0)  # a 4 s request (sampled: the 16th): keep 12 s
+        await serve_requests(c, 5, 0.1)
+        await serve_requests(c, 1, 4.0)  # a 4 s request while accepting: keep 12 s
         assert await c.wait_for_phase(Phase.DRAINING)
         assert anyio.current_time() - start == pytest.approx(30 - 1 - 12)
         assert await c.wait_for_phase(Phase.STOPPED)
@@ -93,17 +94,18 @@ async def test_unmeasured_keeps_the_conservative_half(virtual_time: bool) -> Non
         assert await c.wait_for_phase(Phase.STOPPED)
 
 
-def test_only_a_sample_of_requests_reads_the_clock() -> None:
+def test_requests_are_timed_only_once_shutdown_was_requested() -> None:
     c = ShutdownCoordinator()
 
     async def main() -> list[bool]:
         timed = []
-        for _ in range(64):
+        for i in range(10):
+            if i == 5:
+                c.request_shutdown("test")
             started = c.request_started()
             timed.append(started is not None)
             c.request_finished(started)
         return timed
 
-    timed = anyio.run(main)
-    assert all(timed[:16])
-    assert sum(timed[16:]) == 3  # requests 32, 48 and 64
+    assert anyio.run(main) == [False] * 5 + [True] * 5
+    assert c.longest_request_s() is not None
