@@ -25,7 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from graceful._demo import SERVERS, Outcome, Progress, build_parser, run_scenario
+from graceful._demo import build_parser
+from graceful._demo._report import Progress
+from graceful._demo._scenario import SERVERS, Outcome, run_scenario
 
 MIXES = {
     "keep-alive": ["--keepalive-clients", "4", "--fresh-clients", "0", "--long-requests", "0"],
@@ -43,7 +45,7 @@ async def cell(delay: float, mix: str, grace: float) -> dict[str, Outcome]:
         [*MIXES[mix], "--propagation-delay", f"{delay:g}", "--grace-period", f"{grace:g}"]
     )
     outcomes = {}
-    with Progress(len(SERVERS)) as progress:
+    with Progress() as progress:
         for kind in SERVERS.values():
             outcomes[kind.name] = await run_scenario(kind, args, progress)
     return outcomes
@@ -64,8 +66,8 @@ def main() -> None:
         for delay in delays:
             for mix in mixes:
                 for name, outcome in asyncio.run(cell(delay, mix, args.grace_period)).items():
-                    failed.setdefault((delay, mix, name), []).append(outcome.failed)
-                    requests.setdefault((delay, mix, name), []).append(outcome.requests)
+                    failed.setdefault((delay, mix, name), []).append(outcome.tally.failed)
+                    requests.setdefault((delay, mix, name), []).append(outcome.tally.requests)
     print(
         f"\nrollout: failed requests, {args.repeats} repeats, grace period "
         f"{args.grace_period:g} s (min / median / max; requests median)"

@@ -1,6 +1,15 @@
 """The demo's timeline: requests per second to each backend, failures, A's phase changes.
 
-SVG is written by hand (no dependency); PNG needs matplotlib.
+Why a timeline
+--------------
+The table says how many requests failed; the timeline says *when*, and that is what
+explains them: the stock server's failures sit exactly in the propagation delay, after
+SIGTERM and before the balancer forgot A, while a graceful A keeps serving through it and
+drains once the traffic has moved to C.  A's phase marks come from the events A itself
+wrote (see :mod:`graceful._demo._scenario`), so they sit where the changes happened.
+
+SVG is written by hand so that ``--plot timeline.svg`` needs nothing beyond the demo
+extra; PNG needs matplotlib, asked for only when a ``.png`` is wanted.
 """
 
 from __future__ import annotations
@@ -10,7 +19,7 @@ from html import escape
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from . import Outcome
+    from ._scenario import Outcome
 
 BIN_S = 0.25
 COLORS = {"A": "#d62728", "B": "#1f77b4", "C": "#2ca02c"}
@@ -18,13 +27,18 @@ WIDTH, PANEL, LEFT, RIGHT, TOP = 900, 190, 60, 20, 30
 
 
 def _series(outcome: Outcome) -> tuple[dict[str, list[float]], list[float], float]:
-    end = max([t for t, _ in outcome.served] + [t for t, _ in outcome.failures] + [1.0])
+    tally = outcome.tally
+    end = max([t for t, _ in tally.served] + [t for t, _ in tally.failures] + [1.0])
     bins = int(end / BIN_S) + 1
     rates: dict[str, list[float]] = {}
     for name in ("A", "B", "C"):
-        counts = Counter(int(t / BIN_S) for t, n in outcome.served if n == name)
+        counts = Counter(int(t / BIN_S) for t, n in tally.served if n == name)
         rates[name] = [counts[i] / BIN_S for i in range(bins)]
-    return rates, [t for t, _ in outcome.failures], end
+    return rates, [t for t, _ in tally.failures], end
+
+
+def _title(outcome: Outcome) -> str:
+    return f"{outcome.kind.name}: {outcome.tally.requests} requests, {outcome.tally.failed} failed"
 
 
 def svg(outcomes: list[Outcome]) -> str:
@@ -49,8 +63,8 @@ def svg(outcomes: list[Outcome]) -> str:
         def y(v: float, y0: int = y0, plot_h: int = plot_h, peak: float = peak) -> float:
             return y0 + 20 + plot_h * (1 - v / peak)
 
-        title = f"{outcome.kind.name}: {outcome.requests} requests, {outcome.failed} failed"
-        out.append(f'<text x="{LEFT}" y="{y0 + 14}" font-weight="bold">{escape(title)}</text>')
+        title = escape(_title(outcome))
+        out.append(f'<text x="{LEFT}" y="{y0 + 14}" font-weight="bold">{title}</text>')
         out.append(
             f'<rect x="{LEFT}" y="{y0 + 20}" width="{width}" height="{plot_h}" '
             'fill="none" stroke="#999"/>'
@@ -123,8 +137,7 @@ def write_plot(outcomes: list[Outcome], path: str) -> None:
             for t, phase, _ in outcome.terminating.phases:
                 ax.axvline(t, color="#555", linestyle="--", linewidth=0.8)
                 ax.text(t, ax.get_ylim()[1] * 0.9, phase, fontsize=7)
-        ax.set_title(f"{outcome.kind.name}: {outcome.requests} requests, "
-                     f"{outcome.failed} failed", fontsize=9)  # fmt: skip
+        ax.set_title(_title(outcome), fontsize=9)
         ax.set_ylabel("req/s")
         ax.legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("seconds")

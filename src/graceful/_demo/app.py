@@ -3,6 +3,9 @@
 ``/`` answers ``hello``; ``/slow?s=2`` answers after 2 seconds; a websocket on any path
 echoes text messages.  Every response carries
 ``x-backend`` (from ``GRACEFUL_DEMO_NAME``) so the demo can tell who served it.
+
+It is pure ASGI so that what the demo measures is the server and its shutdown, not a
+framework's, and so that stock uvicorn and graceful serve byte-for-byte the same app.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from typing import Any
 from urllib.parse import parse_qs
 
 NAME = os.environ.get("GRACEFUL_DEMO_NAME", "backend").encode()
+
+#: How servers are told to load this app (uvicorn's ``MODULE:APP``).
+IMPORT_STRING = f"{__name__}:app"
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -1,0 +1,299 @@
+"""One rolling restart, from the first backend started to the last result counted.
+
+Why it is staged like this
+--------------------------
+When Kubernetes replaces a pod it sends SIGTERM and removes the pod from its endpoints
+*at the same time*; the two travel separately, and the balancers learn of the removal
+last.  Everything the demo shows follows from that race, so the scenario plays exactly
+it and nothing else: three backends of the demo app — A (the pod being replaced), B
+(stays), C (the new pod, ready before A is told to go, as with ``maxSurge``); load
+through the balancer while A and B serve; then, in one instant, C joins the balancer and
+A gets SIGTERM; the balancer forgets A only ``--propagation-delay`` later; A gets SIGKILL
+at ``--grace-period`` if it is still alive; a short tail of load shows the others were
+not disturbed.  Stock uvicorn and each graceful policy get the same timeline, one after
+the other, so their tables and plots compare like with like.
+
+How the scenario learns what A did
+----------------------------------
+Graceful backends report each phase change as a JSON event on a pipe
+(:mod:`graceful._events`, via :mod:`graceful._demo._backend`), stamped with the wall
+clock where the change happened; one wall-clock reading taken with the scenario's start
+puts the events on the scenario's own timeline.  Stock uvicorn reports nothing: the
+scenario marks the SIGTERM it sent and learns the end from the exit status, as it does
+for every backend.  Backends' stderr is kept only as a tail, for the error message when
+one fails to start — never parsed.
+
+The scenario draws nothing itself: it waits through its timeline with an
+:class:`Observer`, which the demo's progress display is and the rollout benchmark's
+quiet runs need not be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from .._events import parse_event
+from ._balancer import Balancer
+from ._clients import HttpClient, Tally, http_client_loop, websocket_client_loop
+from .app import IMPORT_STRING
+
+__all__ = ("SERVERS", "Backend", "Observer", "Outcome", "PhaseMark", "ServerKind", "run_scenario")
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """How to start one kind of backend."""
+
+    name: str
+    policy: str | None  # None: the stock server
+
+    @property
+    def reports_phases(self) -> bool:
+        """Whether its backends write phase events (graceful ones do, stock ones cannot)."""
+        return self.policy is not None
+
+    def command(
+        self, port: int, *, grace_period_s: float, idle_s: float, events_fd: int | None
+    ) -> list[str]:
+        """The command line of one backend on ``port``, events to ``events_fd``."""
+        if self.policy is None:
+            return [
+                sys.executable, "-m", "uvicorn", IMPORT_STRING,
+                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            ]  # fmt: skip
+        extra = ["--idle", f"{idle_s:g}"] if self.policy == "accept-until-idle" else []
+        if events_fd is not None:
+            extra += ["--events-fd", str(events_fd)]
+        return [
+            sys.executable, "-m", "graceful._demo._backend", "--port", str(port),
+            "--policy", self.policy, "--grace-period", f"{grace_period_s:g}", *extra,
+        ]  # fmt: skip
+
+
+SERVERS: dict[str, ServerKind] = {
+    kind.name: kind
+    for kind in (
+        ServerKind("uvicorn", None),
+        ServerKind("graceful:accept-until-idle", "accept-until-idle"),
+        ServerKind("graceful:serve-until-killed", "serve-until-killed"),
+        ServerKind("graceful:refuse-immediately", "refuse-immediately"),
+    )
+}
+
+
+class PhaseMark(NamedTuple):
+    """A backend's phase change on the scenario's timeline."""
+
+    t: float  # seconds from the scenario's start
+    phase: str
+    reason: str
+
+
+@dataclass
+class Backend:
+    """One backend process and what is known of it; times from the scenario's start."""
+
+    name: str
+    port: int
+    proc: asyncio.subprocess.Process
+    phases: list[PhaseMark] = field(default_factory=list)
+    ended: str = "running"  # then "exited 0", "died of SIGTERM", "killed"
+    ended_at: float | None = None
+    log_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
+    readers: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """One scenario's results; times in seconds from the scenario's start."""
+
+    kind: ServerKind
+    tally: Tally
+    sigterm_at: float = 0.0
+    terminating: Backend | None = None
+
+    def ended(self) -> str:
+        """How A ended, timed from its SIGTERM: ``"exited 0 at 2.5 s"``."""
+        b = self.terminating
+        if b is None or b.ended_at is None:
+            return "?"
+        return f"{b.ended} at {b.ended_at - self.sigterm_at:.1f} s"
+
+    def wasted_idle_s(self) -> float | None:
+        """How long A stayed alive after its last served response (or its SIGTERM)."""
+        b = self.terminating
+        if b is None or b.ended_at is None:
+            return None
+        served = (t for t, name in self.tally.served if name == b.name)
+        last = max(served, default=self.sigterm_at)
+        return max(0.0, b.ended_at - max(last, self.sigterm_at))
+
+
+class Observer(Protocol):
+    """Waits through a stretch of the scenario's timeline, perhaps showing it."""
+
+    async def wait(self, outcome: Outcome, seconds: float) -> None: ...
+
+
+class _Quietly:
+    async def wait(self, outcome: Outcome, seconds: float) -> None:
+        await asyncio.sleep(seconds)  # the load runs meanwhile
+
+
+async def run_scenario(
+    kind: ServerKind, args: argparse.Namespace, progress: Observer | None = None
+) -> Outcome:
+    """Run one rolling restart against ``kind``; ``progress`` shows it live (optional).
+
+    ``args`` holds the ``graceful demo`` options (see :func:`graceful._demo.build_parser`).
+    """
+    observer = progress if progress is not None else _Quietly()
+    t0, wall0 = time.monotonic(), time.time()
+    outcome = Outcome(kind, Tally(t0))
+    backends: list[Backend] = []
+    try:
+        for name in ("A", "B", "C"):
+            backends.append(await _start_backend(kind, name, args, wall0))
+    except BaseException:
+        for backend in backends:  # none is left running when one fails to start
+            await _stop(backend)
+        raise
+    a, b, c = backends
+    outcome.terminating = a
+    balancer = Balancer(t0)
+    balancer.backends = [a, b]
+    await balancer.start()
+    stop = asyncio.Event()
+    loops = [
+        http_client_loop(HttpClient(balancer.port, outcome.tally, keep_alive=keep_alive),
+                         path, stop, pause_s)
+        for count, keep_alive, path, pause_s in (
+            (args.keepalive_clients, True, "/", 0.01),
+            (args.fresh_clients, False, "/", 0.01),
+            (args.long_requests, False, f"/slow?s={args.long_request_s:g}", 0.0),
+        )
+        for _ in range(count)
+    ]  # fmt: skip
+    loops += [websocket_client_loop(balancer.port, outcome.tally, stop)
+              for _ in range(args.websockets)]  # fmt: skip
+    load = asyncio.gather(*loops)
+    try:
+        await observer.wait(outcome, args.warmup)
+        # The rolling restart: the new pod is ready, the old one gets SIGTERM ...
+        balancer.backends.append(c)
+        outcome.sigterm_at = outcome.tally.elapsed()
+        a.proc.send_signal(signal.SIGTERM)
+        killer = asyncio.ensure_future(_kill_at(a, args.grace_period, t0))
+        # ... while the endpoint update takes a while to reach the balancer.
+        await observer.wait(outcome, args.propagation_delay)
+        balancer.backends.remove(a)
+        await killer
+        await observer.wait(outcome, args.tail)
+    finally:
+        stop.set()
+        await load
+        await balancer.stop()
+        for backend in (a, b, c):
+            await _stop(backend)
+    # A connection the backend refused reaches the client as a reset (the balancer cannot
+    # refuse an accepted connection): the balancer knows, so reclassify those.
+    outcome.tally.relabel("reset", "refused", at_most=len(balancer.refused))
+    return outcome
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _start_backend(
+    kind: ServerKind, name: str, args: argparse.Namespace, wall0: float
+) -> Backend:
+    port = _free_port()
+    read_fd, write_fd = os.pipe() if kind.reports_phases else (None, None)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *kind.command(
+                port, grace_period_s=args.grace_period, idle_s=args.idle, events_fd=write_fd
+            ),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "GRACEFUL_DEMO_NAME": name},
+            pass_fds=() if write_fd is None else (write_fd,),
+        )
+    except BaseException:
+        if read_fd is not None:
+            os.close(read_fd)
+        raise
+    finally:
+        if write_fd is not None:
+            os.close(write_fd)  # the backend's copy is the only one: EOF when it is gone
+    backend = Backend(name, port, proc)
+    backend.readers.append(asyncio.ensure_future(_keep_tail(backend)))
+    if read_fd is not None:
+        backend.readers.append(asyncio.ensure_future(_read_events(backend, read_fd, wall0)))
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return backend
+        except OSError:
+            if time.monotonic() > deadline or proc.returncode is not None:
+                await _stop(backend)
+                log = "".join(backend.log_tail)
+                raise RuntimeError(f"backend {name} ({kind.name}) did not start\n{log}") from None
+            await asyncio.sleep(0.05)
+
+
+async def _read_events(backend: Backend, read_fd: int, wall0: float) -> None:
+    """Put the backend's phase events on the timeline until it is gone."""
+    reader = asyncio.StreamReader()
+    pipe = os.fdopen(read_fd, "rb")
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), pipe
+    )
+    try:
+        async for line in reader:
+            event = parse_event(line)
+            if event is not None:
+                mark = PhaseMark(event.t - wall0, str(event.phase), event.reason or "")
+                backend.phases.append(mark)
+    finally:
+        transport.close()
+
+
+async def _keep_tail(backend: Backend) -> None:
+    assert backend.proc.stderr is not None
+    async for raw in backend.proc.stderr:
+        backend.log_tail.append(raw.decode(errors="replace"))
+
+
+async def _stop(backend: Backend) -> None:
+    if backend.proc.returncode is None:
+        backend.proc.kill()
+    await backend.proc.wait()
+    if backend.readers:
+        await asyncio.wait_for(asyncio.gather(*backend.readers), 5)
+
+
+async def _kill_at(backend: Backend, grace_period_s: float, t0: float) -> None:
+    """SIGKILL ``backend`` at the grace period unless it ended before; record how it ended."""
+    try:
+        code = await asyncio.wait_for(backend.proc.wait(), grace_period_s)
+        backend.ended = f"died of {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+    except asyncio.TimeoutError:
+        backend.proc.kill()
+        await backend.proc.wait()
+        backend.ended = "killed"
+    backend.ended_at = time.monotonic() - t0
