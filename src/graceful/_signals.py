@@ -25,6 +25,11 @@ through :func:`catch_signals`, which uses :func:`signal.signal` only:
   starts the shutdown once the server is up instead of killing it half-way or being
   dropped.
 
+One thing this cannot change: a host program's own ``loop.add_signal_handler`` callback
+for the same signal still runs while we catch it, because asyncio dispatches the signal
+numbers written to its wakeup file descriptor itself, whatever the Python-level handler.
+Both hear the signal; neither loses it.
+
 Handlers can only be installed in the main thread; elsewhere :func:`catch_signals`
 installs nothing and the caller must use another trigger (hypercorn's
 ``shutdown_trigger`` convention).

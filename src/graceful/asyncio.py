@@ -240,8 +240,11 @@ class GracefulServer:
             await asyncio.wait((task, drain), return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
             # The handler is cancelled: the read must not outlive it (an orphaned
-            # readline() would eat the bytes of a request nobody answers).
+            # readline() would eat the bytes of a request nobody answers), and must have
+            # let go of the reader before we return (a StreamReader serves one waiter).
             task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((task,))
             raise
         finally:
             drain.cancel()
