@@ -53,6 +53,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterable
+from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import final
@@ -154,11 +155,13 @@ def close_keeping_backlog(
     handovers: Handovers,
     *,
     extra_sockets: Iterable[socket.socket] = (),
+    ssl: SSLContext | None = None,
 ) -> asyncio.Future[list[asyncio.Task[object]]]:
     """Close ``servers`` (and ``extra_sockets``); serve the backlog with ``protocol_factory``.
 
     ``protocol_factory`` must report ``handovers.protocol_created()`` like the server's
-    own factory does; each backlog socket counts from its accept.
+    own factory does; each backlog socket counts from its accept.  ``ssl`` is the
+    listeners' TLS context: backlog connections do their handshake like the others.
 
     The loop stops accepting at once (its reader on each listening socket is removed);
     the server itself is closed only once every socket the loop already accepted has
@@ -184,7 +187,8 @@ def close_keeping_backlog(
         dup.setblocking(False)
         dups.append(dup)
     serving = [
-        _start(loop, protocol_factory, sock, handovers) for sock in _accept_all(dups, handovers)
+        _start(loop, protocol_factory, sock, handovers, ssl)
+        for sock in _accept_all(dups, handovers)
     ]
 
     def close() -> list[asyncio.Task[object]]:
@@ -194,7 +198,7 @@ def close_keeping_backlog(
             sock.close()
         # Whatever completed its handshake meanwhile.
         serving.extend(
-            _start(loop, protocol_factory, s, handovers) for s in _accept_all(dups, handovers)
+            _start(loop, protocol_factory, s, handovers, ssl) for s in _accept_all(dups, handovers)
         )
         for dup in dups:
             dup.close()
@@ -228,8 +232,9 @@ def _start(
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     sock: socket.socket,
     handovers: Handovers,
+    ssl: SSLContext | None,
 ) -> asyncio.Task[object]:
-    return loop.create_task(_serve(loop, protocol_factory, sock, handovers))
+    return loop.create_task(_serve(loop, protocol_factory, sock, handovers, ssl))
 
 
 async def _serve(
@@ -237,6 +242,7 @@ async def _serve(
     protocol_factory: Callable[[], asyncio.BaseProtocol],
     sock: socket.socket,
     handovers: Handovers,
+    ssl: SSLContext | None,
 ) -> object:
     created = False
 
@@ -246,7 +252,7 @@ async def _serve(
         return protocol_factory()
 
     try:
-        return await loop.connect_accepted_socket(factory, sock)
+        return await loop.connect_accepted_socket(factory, sock, ssl=ssl)
     except OSError:
         sock.close()
         if not created:

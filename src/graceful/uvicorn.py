@@ -302,7 +302,7 @@ class Server(uvicorn.Server):
         self._listening = False
         servers, self.servers = list(getattr(self, "servers", [])), []
         self._closing = close_keeping_backlog(
-            servers, self._protocol_factory, self._loop, self._handovers
+            servers, self._protocol_factory, self._loop, self._handovers, ssl=self.config.ssl
         )
 
     def _protocol_factory(self) -> asyncio.Protocol:
