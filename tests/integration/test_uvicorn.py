@@ -323,13 +323,14 @@ def test_rolling_restart(server: str, fails: bool) -> None:
          "--fresh-clients", "3", "--long-requests", "1"]
     )  # fmt: skip
     outcome = asyncio.run(demo.run_scenario(args.kinds[0], args))
-    assert outcome.requests > 200
+    tally = outcome.tally
+    assert tally.requests > 200
     assert outcome.terminating is not None
     assert outcome.terminating.ended != "killed"
     if fails:
-        assert outcome.failed > 0, outcome.results  # stock uvicorn refuses new connections
+        assert tally.failed > 0, tally.results  # stock uvicorn refuses new connections
     else:
-        assert outcome.failed == 0, outcome.results
+        assert tally.failed == 0, tally.results
 
 
 def test_workers_drain_together(servers: list[ServerProcess]) -> None:
