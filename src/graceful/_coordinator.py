@@ -677,7 +677,9 @@ class ShutdownCoordinator(Tracking):
         if self._drain_deadline is not None:
             self._drain_deadline = min(self._drain_deadline, d.stop_by)
         if self.hard_exit:
-            self._arm_watchdog(d.exit_by - now)
+            # Half the exit margin after exit_by: stopping's own timeouts (at exit_by)
+            # report what they abandoned first, and SIGKILL is still a margin away.
+            self._arm_watchdog(d.exit_by + _deadlines.exit_margin(self.kill_margin_s) / 2 - now)
 
     def _arm_watchdog(self, delay_s: float) -> None:
         if self._watchdog is not None:
@@ -786,8 +788,9 @@ class ShutdownCoordinator(Tracking):
             for session in list(self._sessions):
                 session._request_drain()
         if phase is Phase.STOPPED and self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+            # Done: the interpreter's teardown (tasks that ignore cancellation, executor
+            # threads) gets what is left of the budget, at most a second.
+            self.exit_soon()
         self._notify()
 
     async def _wait_for_change(self, timeout_s: float | None) -> None:

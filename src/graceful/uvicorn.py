@@ -43,7 +43,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import threading
 from collections.abc import Generator
 from types import FrameType
 from typing import Any
@@ -54,7 +53,7 @@ from typing_extensions import final
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
-from ._signals import catch_signals, defer_signals, take_deferred
+from ._signals import catch_signals
 from .asgi import ASGIApp, GracefulMiddleware
 
 __all__ = ("Server", "run", "serve")
@@ -104,6 +103,27 @@ def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[An
     return Tracking
 
 
+class _CutRequestFilter(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" traceback for a request we cut.
+
+    A request cancelled at stopping re-raises its cancellation (so that enclosing scopes
+    see it) and uvicorn logs that as an application error; the middleware already logged
+    one warning for it and the client got its 503.
+    """
+
+    def __init__(self, coordinator: ShutdownCoordinator) -> None:
+        super().__init__()
+        self._coordinator = coordinator
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            self._coordinator.cutting
+            and isinstance(exc, asyncio.CancelledError)
+            and record.getMessage().startswith("Exception in ASGI application")
+        )
+
+
 @final
 class Server(uvicorn.Server):
     """A :class:`uvicorn.Server` whose shutdown follows a coordinator's policy.
@@ -148,7 +168,6 @@ class Server(uvicorn.Server):
         self._listening = True
         self._closing: asyncio.Future[Any] | None = None
         self._signals_captured = False
-        self._catching = contextlib.ExitStack()
         self.coordinator.subscribe(self._on_phase)
 
     # -------------------------------------------------------------- setting up
@@ -170,18 +189,22 @@ class Server(uvicorn.Server):
         """Serve until the coordinator stops (see :meth:`uvicorn.Server.serve`)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        # Signals first (deferred until the server is up: a SIGTERM while the app is
-        # imported or its lifespan starts begins the shutdown once it is listening,
-        # instead of killing the process). super().serve() nests capture_signals.
+        # Signals first: a SIGTERM while the app is imported or its lifespan starts begins
+        # the shutdown instead of killing the process. super().serve() nests
+        # capture_signals.
         with self.capture_signals():
             self._prepare()
             self.coordinator.add_stopping_step(self._finish)
             # Signals reach the coordinator through this server, so give it a trigger
             # that never fires: it must not install handlers of its own.
             task = asyncio.ensure_future(self.coordinator.run(shutdown_trigger=_never))
+            cut_filter = _CutRequestFilter(self.coordinator)
+            uvicorn_errors = logging.getLogger("uvicorn.error")
+            uvicorn_errors.addFilter(cut_filter)
             try:
                 await super().serve(sockets)
             finally:
+                uvicorn_errors.removeFilter(cut_filter)
                 if not task.done():
                     task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -190,22 +213,14 @@ class Server(uvicorn.Server):
             self.coordinator.exit_soon()
 
     async def startup(self, sockets: list[Any] | None = None) -> None:
-        """uvicorn's startup, then: count accepts, obey a shutdown requested meanwhile,
-        and start handling the signals deferred so far."""
+        """uvicorn's startup, then: count accepts, and close the listener at once if
+        draining began while the app was starting (a SIGTERM during lifespan startup)."""
         await super().startup(sockets=sockets)
         for server in getattr(self, "servers", []):
             count_accepts(server, self._handovers)
         if not self._listening:  # draining began before the listener existed
             self._listening = True
             self._stop_listening()
-        if self._signals_captured and self._loop is not None:
-            self._catching.enter_context(
-                catch_signals(
-                    HANDLED_SIGNALS,
-                    self._request_shutdown,
-                    schedule=self._loop.call_soon_threadsafe,
-                )
-            )
 
     # ----------------------------------------------------------------- signals
 
@@ -213,26 +228,23 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         """Route SIGINT, SIGTERM and SIGQUIT to the coordinator; restore on exit.
 
-        Until the server listens, signals are only recorded
-        (:func:`graceful._signals.defer_signals`); :meth:`startup` then delivers them.
-        On exit the previous handlers are back and a signal that was never delivered is
-        re-raised to them.
+        From the first moment of :meth:`serve`: a signal during the app's import or its
+        lifespan startup starts the shutdown (and its deadlines) at once; signals
+        recorded earlier by :func:`graceful._signals.defer_signals` (the gunicorn worker,
+        ``graceful run``'s start-up) are delivered first.  On exit the previous handlers
+        are back and a signal not yet delivered is re-raised to them.
         """
-        if self._signals_captured or threading.current_thread() is not threading.main_thread():
+        if self._signals_captured or self._loop is None:
             yield
             return
-        previous = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
-        defer_signals(HANDLED_SIGNALS)
-        self._signals_captured = True
-        try:
-            yield
-        finally:
-            self._catching.close()
-            self._signals_captured = False
-            for sig, handler in previous.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-            for signum in take_deferred(HANDLED_SIGNALS):
-                signal.raise_signal(signum)
+        with catch_signals(
+            HANDLED_SIGNALS, self._request_shutdown, schedule=self._loop.call_soon_threadsafe
+        ) as installed:
+            self._signals_captured = installed
+            try:
+                yield
+            finally:
+                self._signals_captured = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """uvicorn's signal entry point: request shutdown from the coordinator."""
@@ -379,7 +391,12 @@ class Server(uvicorn.Server):
         for transport in list(self._transports):
             transport.close()
         if not self.force_exit:
-            await self.lifespan.shutdown()
+            # Just short of exit_by, so that its own timeout is the one that reports.
+            left = max(0.0, c.time_left_s(exit_by) - 0.05)
+            try:
+                await asyncio.wait_for(self.lifespan.shutdown(), left)
+            except asyncio.TimeoutError:
+                logger.error("lifespan shutdown did not finish within %.3g s; abandoned", left)
 
 
 async def _never() -> None:

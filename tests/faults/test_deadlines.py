@@ -61,12 +61,6 @@ def test_lifespan_shutdown_hangs(harness: Harness, record: Callable[[str], None]
     assert code in (0, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nothing names the hung lifespan shutdown: the log says either 'stopping step "
-    "Server._finish timed out ..., abandoned' or the hard exit's 'abandoning 0 connections, "
-    "0 requests, 0 sessions' (two timers at exit_by race: exit status 0 or 1)",
-)
 def test_lifespan_shutdown_hang_is_named(harness: Harness, record: Callable[[str], None]) -> None:
     """Lifespan shutdown hangs: the log names the lifespan shutdown as what was
     abandoned"""
@@ -90,11 +84,6 @@ def test_lifespan_shutdown_raises(harness: Harness, record: Callable[[str], None
     assert code in (0, 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every request cut at the drain deadline makes uvicorn log 'ERROR: Exception "
-    "in ASGI application' with a CancelledError traceback (the client does get its 503)",
-)
 def test_cut_request_logs_no_traceback(harness: Harness, record: Callable[[str], None]) -> None:
     """A request cut at the drain deadline: the client gets 503 and the log has no
     traceback"""

@@ -56,11 +56,6 @@ def test_sigterm_during_lifespan_startup(
     assert "Traceback" not in server.output()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a SIGTERM during lifespan startup is only recorded until the server listens; "
-    "no kill deadline runs meanwhile, so a startup that never ends is never left",
-)
 def test_sigterm_during_lifespan_startup_that_never_ends(
     harness: Harness, record: Callable[[str], None], tmp_path: Path
 ) -> None:
