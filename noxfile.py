@@ -1,22 +1,82 @@
-"""Developer sessions: ``nox -s tests lint typing docs demo bench``."""
+"""Developer sessions: ``nox -s tests lint typing docs demo bench tests_floor``."""
 
 from __future__ import annotations
 
+import glob
+import os
+import re
+from pathlib import Path
+
 import nox
+import tomllib
 
 nox.options.sessions = ["lint", "typing", "tests"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
+#: Every Python the package supports (pyenv's are found too).
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+#: The tests that depend most on the server's version.
+SERVER_TESTS = [
+    "tests/integration/test_gunicorn.py",
+    "tests/integration/test_uvicorn.py",
+    "tests/integration/test_cli.py",
+]
 
-@nox.session(python="3.11")
+
+def _find_pyenv_pythons() -> None:
+    """Let nox find pyenv's Pythons that are installed but not active: nox resolves
+    pyenv's shims (``python3.12``) through ``PYENV_VERSION``."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    if "PYENV_VERSION" in os.environ or not (root / "versions").is_dir():
+        return
+    newest: dict[str, tuple[int, ...]] = {}
+    for path in (root / "versions").iterdir():
+        if re.fullmatch(r"3\.\d+\.\d+", path.name):
+            version = tuple(int(part) for part in path.name.split("."))
+            minor = f"{version[0]}.{version[1]}"
+            if minor in PYTHONS and version > newest.get(minor, ()):
+                newest[minor] = version
+    if newest:
+        os.environ["PYENV_ROOT"] = str(root)
+        os.environ["PYENV_VERSION"] = ":".join(".".join(map(str, v)) for v in newest.values())
+
+
+_find_pyenv_pythons()
+
+
+@nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Run the test suite against the built wheel (not the source tree)."""
     session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", ".", silent=True)
-    wheel = sorted(__import__("glob").glob("dist/graceful_drain-*.whl"))[-1]
+    wheel = sorted(glob.glob("dist/graceful_drain-*.whl"))[-1]
     session.install("--force-reinstall", "--no-deps", wheel)
-    session.install(f"graceful-drain[test] @ file://{__import__('os').path.abspath(wheel)}")
+    session.install(f"graceful-drain[test] @ file://{os.path.abspath(wheel)}")
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+def floors() -> dict[str, str]:
+    """The lowest uvicorn and gunicorn that pyproject's extras allow (they must agree)."""
+    pyproject = tomllib.loads(Path("pyproject.toml").read_text())
+    found: dict[str, set[str]] = {}
+    for requirements in pyproject["project"]["optional-dependencies"].values():
+        for requirement in requirements:
+            match = re.match(r"(uvicorn|gunicorn)(?:\[[^\]]*\])?>=([\w.]+)", requirement)
+            if match:
+                found.setdefault(match[1], set()).add(match[2])
+    for name, versions in found.items():
+        if len(versions) != 1:
+            raise ValueError(f"the extras disagree on the lowest {name}: {sorted(versions)}")
+    return {name: versions.pop() for name, versions in found.items()}
+
+
+@nox.session(python="3.11")
+def tests_floor(session: nox.Session) -> None:
+    """The server tests against the lowest uvicorn and gunicorn the extras declare."""
+    session.install("-e", ".[test]")
+    lowest = floors()
+    session.install(f"uvicorn[standard]=={lowest['uvicorn']}", f"gunicorn=={lowest['gunicorn']}")
+    session.run("python", "-m", "pytest", *(session.posargs or SERVER_TESTS))
 
 
 @nox.session(python="3.11")

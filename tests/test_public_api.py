@@ -13,9 +13,11 @@ import graceful
 
 PUBLIC_MODULES = [
     "graceful",
+    "graceful.aiohttp",
     "graceful.asgi",
     "graceful.asyncio",
     "graceful.gunicorn",
+    "graceful.hypercorn",
     "graceful.uvicorn",
 ]
 

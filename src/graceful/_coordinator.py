@@ -79,6 +79,7 @@ logger: Final = logging.getLogger("graceful")
 GRACE_PERIOD_ENV: Final = "GRACEFUL_GRACE_PERIOD"
 
 PhaseListener = Callable[[Phase], None]
+_YEAR_S: Final = 365 * 24 * 3600.0
 Background = Callable[[], Awaitable[object]]
 
 
@@ -684,7 +685,8 @@ class ShutdownCoordinator(Tracking):
     def _arm_watchdog(self, delay_s: float) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
-        timer = threading.Timer(max(0.0, delay_s), self._hard_exit)
+        # A year is "never" here, and stays below what the platform's timers accept.
+        timer = threading.Timer(min(max(0.0, delay_s), _YEAR_S), self._hard_exit)
         timer.daemon = True
         timer.name = "graceful-hard-exit"
         timer.start()

@@ -1,34 +1,123 @@
 """gunicorn worker classes: ``gunicorn -k graceful.gunicorn.UvicornWorker app:app``.
 
 A drop-in for ``uvicorn_worker.UvicornWorker`` in which every worker follows the
-shutdown policy (chosen with ``GRACEFUL_POLICY``, ``GRACEFUL_IDLE``, … — see
-``graceful run --help``):
+shutdown policy, configured with the ``GRACEFUL_*`` variables of ``graceful run``
+(``GRACEFUL_POLICY``, ``GRACEFUL_IDLE``, the health paths, … — see
+``graceful run --help``; the settings gunicorn owns, such as the address, come from
+gunicorn's own options):
 
+* the variables are checked once, in the master, at start-up (gunicorn calls
+  :meth:`UvicornWorker.check_config` there): a bad value stops gunicorn with one line
+  instead of making every worker fail after it booted, to be respawned forever;
 * gunicorn's ``graceful_timeout`` is the kill deadline: the master SIGKILLs a worker that
-  outlives it, so each worker's drain ends ``kill_margin_s`` before it;
+  outlives it, so each worker's drain ends ``GRACEFUL_KILL_MARGIN`` (1 s) before it.  A
+  ``--graceful-timeout`` not above the default margin shrinks the margin to a quarter of
+  it, with a warning; a ``GRACEFUL_KILL_MARGIN`` set explicitly that does not fit is
+  refused;
 * the worker keeps heartbeating (``notify()``) while accepting and draining, so the
   master's ``timeout`` never aborts a draining worker;
 * SIGTERM (shutdown, HUP reload, ``TTOU``) starts the policy; SIGINT and SIGQUIT —
-  gunicorn's quick shutdown — stop at once;
+  gunicorn's quick shutdown — stop at once.  A signal that arrives while the app is
+  imported is kept and acted on once the server runs;
 * ``max_requests`` recycling drains at once (the sibling workers keep serving).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ClassVar
 
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
-from uvicorn._compat import asyncio_run  # what uvicorn-worker uses, too
 from uvicorn.config import Config
 
-from ._run import coordinator_from_environment
-from .uvicorn import Server
+from . import _config
+from ._config import OPTIONS, ConfigError, Values
+from ._signals import defer_signals
 
 __all__ = ("UvicornH11Worker", "UvicornWorker")
+
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+#: Settings gunicorn owns: their GRACEFUL_* variables are ignored under gunicorn.
+_GUNICORN_OWNS = frozenset(o.name for o in OPTIONS if o.gunicorn is not None)
+
+
+def _values(
+    graceful_timeout: float,
+    environ: Mapping[str, str] | None = None,
+    warn: Callable[[str], object] | None = None,
+) -> Values:
+    """The options of a worker: ``GRACEFUL_*``, with gunicorn's ``graceful_timeout`` as
+    the grace period.
+
+    Raises:
+        ConfigError: one line naming the variable or ``--graceful-timeout``.
+    """
+    environ = os.environ if environ is None else environ
+    grace = float(graceful_timeout)
+    if grace <= 0:
+        raise ConfigError(
+            f"--graceful-timeout {graceful_timeout} leaves no time to drain; "
+            "graceful workers need a positive one"
+        )
+    overrides: dict[str, tuple[object, str]] = {"grace_period": (grace, "--graceful-timeout")}
+    margin = _config.option("kill_margin")
+    if margin.env not in environ and grace <= margin.default:
+        overrides["kill_margin"] = (grace / 4, "the kill margin")
+        if warn is not None:
+            warn(
+                f"graceful: --graceful-timeout {grace:g} is not above the default kill margin "
+                f"({margin.default:g} s): stopping gets {grace / 4:g} s (set "
+                f"{margin.env} to choose)"
+            )
+    if warn is not None:
+        for opt in OPTIONS:
+            if opt.name in _GUNICORN_OWNS and opt.env in environ:
+                warn(f"graceful: {opt.env} is ignored under gunicorn (use {opt.gunicorn})")
+    return _config.resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)
+
+
+def _default_loop_factory(loop: str) -> LoopFactory:
+    """uvicorn's ``auto``/``asyncio``/``uvloop`` (for uvicorn < 0.36, which has no
+    ``Config.get_loop_factory``)."""
+    if loop in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if loop == "uvloop":
+                raise
+        else:
+            factory: LoopFactory = uvloop.new_event_loop
+            return factory
+    return asyncio.new_event_loop
+
+
+def _run_in_new_loop(main: Coroutine[Any, Any, None], loop_factory: LoopFactory | None) -> None:
+    """``asyncio.run(main, loop_factory=…)`` on every supported Python."""
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(main)
+        return
+    loop = (loop_factory or asyncio.new_event_loop)()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(main)
+    finally:
+        try:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 class UvicornWorker(Worker):  # type: ignore[misc]
@@ -75,28 +164,50 @@ class UvicornWorker(Worker):  # type: ignore[misc]
         config_kwargs.update(self.CONFIG_KWARGS)
         self.config = Config(**config_kwargs)
 
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        """Check the ``GRACEFUL_*`` variables in the master, before any worker boots.
+
+        gunicorn's arbiter calls this at start-up; the ``RuntimeError`` stops gunicorn
+        with ``Error: graceful: …`` and status 1.
+        """
+        try:
+            _values(cfg.graceful_timeout, warn=log.warning)
+        except ConfigError as exc:
+            raise RuntimeError(f"graceful: {exc}") from None
+
     def init_signals(self) -> None:
-        # The server installs SIGTERM/SIGINT/SIGQUIT handlers itself; reset the rest so
-        # gunicorn does not swallow subprocess exit codes (uvicorn#894).
+        # Reset gunicorn's handlers so that it does not swallow subprocess exit codes
+        # (uvicorn#894).  SIGTERM, SIGINT and SIGQUIT are kept (not acted on) until the
+        # server installs its handlers, which then deliver them: a signal while the app
+        # is imported is neither lost nor fatal.
         for sig in self.SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
+        defer_signals()
         signal.signal(signal.SIGUSR1, self.handle_usr1)
         signal.siginterrupt(signal.SIGUSR1, False)
 
     async def _serve(self) -> None:
         self.config.app = self.wsgi
-        coordinator = coordinator_from_environment(grace_period_s=self.cfg.graceful_timeout)
-        server = Server(
-            self.config,
-            coordinator=coordinator,
-            quick_signals=(signal.SIGQUIT, signal.SIGINT),
+        try:
+            values = _values(self.cfg.graceful_timeout)  # the master warned already
+        except ConfigError as exc:  # checked in the master: only if the environment changed
+            self.log.error("graceful: %s", exc)
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+        server = _config.build_server(
+            values, self.config, quick_signals=(signal.SIGQUIT, signal.SIGINT), hard_exit=True
         )
         await server.serve(sockets=self.sockets)
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
 
     def run(self) -> None:
-        asyncio_run(self._serve(), loop_factory=self.config.get_loop_factory())
+        get_loop_factory = getattr(self.config, "get_loop_factory", None)  # uvicorn >= 0.36
+        if get_loop_factory is not None:
+            loop_factory = get_loop_factory()
+        else:
+            loop_factory = _default_loop_factory(self.config.loop)
+        _run_in_new_loop(self._serve(), loop_factory)
 
     async def callback_notify(self) -> None:
         self.notify()

@@ -55,9 +55,9 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
      {"GRACEFUL_POLICY": "refuse-immediately", "GRACEFUL_IDLE": "1"}, "GRACEFUL_IDLE|--idle"),
 ]  # fmt: skip
 
-#: Cases that fail today: (case id, arguments, environment, name, what is wrong).  Each
-#: runs as ``test_bad_value_is_refused`` marked xfail; drop the reason once it is fixed.
-KNOWN_DEFECTS: list[tuple[str, list[str], dict[str, str], str, str]] = [
+#: Cases that were defects when the suite was written: (case id, arguments, environment,
+#: name, what was wrong).  They run as plain ``test_bad_value_is_refused`` cases now.
+FIXED_DEFECTS: list[tuple[str, list[str], dict[str, str], str, str]] = [
     (
         "duplicate-health-paths",
         ["--readiness-path", "/x", "--liveness-path", "/x"],
@@ -109,8 +109,7 @@ KNOWN_DEFECTS: list[tuple[str, list[str], dict[str, str], str, str]] = [
 ]
 
 PARAMS = [pytest.param(*case[1:], id=case[0]) for case in CASES] + [
-    pytest.param(*case[1:4], id=case[0], marks=pytest.mark.xfail(strict=True, reason=case[4]))
-    for case in KNOWN_DEFECTS
+    pytest.param(*case[1:4], id=case[0]) for case in FIXED_DEFECTS
 ]
 
 
@@ -198,24 +197,13 @@ def test_bad_value_is_refused(
     check(code, output, name)
 
 
-OVERFLOW = pytest.mark.xfail(
-    strict=True,
-    reason="a grace period of 1e20 s is accepted; at SIGTERM the hard-exit watchdog thread "
-    "dies with 'OverflowError: timestamp out of range for platform time_t' "
-    "(threading.Timer beyond threading.TIMEOUT_MAX): a traceback and no hard deadline",
-)
-
-
 @pytest.mark.parametrize(
     ("args", "env"),
     [
-        pytest.param(
-            ["--grace-period", "1" + "0" * 20], {}, marks=OVERFLOW, id="grace-period-1e20"
-        ),
+        pytest.param(["--grace-period", "1" + "0" * 20], {}, id="grace-period-1e20"),
         pytest.param(
             [],
             {"GRACEFUL_GRACE_PERIOD": "1" + "0" * 20},
-            marks=OVERFLOW,
             id="env-grace-period-1e20",
         ),
         pytest.param(["--idle", "1" + "0" * 20, "--grace-period", "3"], {}, id="idle-1e20"),
@@ -246,11 +234,6 @@ def test_huge_value_refused_or_works(
     assert tracebacks == 0, server.output()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gunicorn workers raise ValueError for a bad GRACEFUL_* variable after booting, "
-    "exit 255, and the master respawns them forever (a traceback per attempt)",
-)
 def test_gunicorn_bad_environment_stops_the_master(
     harness: Harness, record: Callable[[str], None]
 ) -> None:
@@ -279,12 +262,6 @@ def test_gunicorn_bad_environment_stops_the_master(
     assert any("GRACEFUL_IDLE" in line for line in output.splitlines())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="there is no boolean option to give 'no': --nudge-clients is an unrecognized "
-    "argument (exit 2) and GRACEFUL_NUDGE_CLIENTS=no is silently ignored (the policy "
-    "still nudges)",
-)
 @pytest.mark.parametrize("how", ["option", "environment"])
 def test_boolean_no_means_false(harness: Harness, record: Callable[[str], None], how: str) -> None:
     """A boolean given 'no' (--nudge-clients no / GRACEFUL_NUDGE_CLIENTS=no) is false:

@@ -67,11 +67,6 @@ def test_sigterm_to_parent_drains_all_workers(
         pytest.param(
             signal.SIGKILL,
             id="SIGKILL",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="workers do not notice their parent's death (no PR_SET_PDEATHSIG or "
-                "pipe watch): after kill -9 of the parent both keep running and serving",
-            ),
         ),
     ],
 )
@@ -106,11 +101,6 @@ def still_serving(server: ServerProcess, left: list[int]) -> str:
     return " (the port still answers)" if answered else ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the --workers parent does not handle SIGHUP: it dies at once (default action) "
-    "and both workers, in sessions of their own, keep running and serving the port",
-)
 def test_sighup_to_parent_leaves_no_worker_behind(
     harness: Harness, record: Callable[[str], None]
 ) -> None:
@@ -150,11 +140,6 @@ def test_sighup_to_parent_leaves_no_worker_behind(
     assert code == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the --workers parent never replaces a worker that died: after kill -9 it "
-    "keeps supervising the one survivor",
-)
 def test_killed_worker_is_replaced(harness: Harness, record: Callable[[str], None]) -> None:
     """kill -9 one worker: the parent starts a new one (as uvicorn --workers does)"""
     server = harness.graceful(*OPTIONS, workers=2)

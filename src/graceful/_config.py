@@ -1,0 +1,592 @@
+"""Every ``graceful run`` option, declared once.
+
+Why one table
+-------------
+The same settings reach graceful in three ways: ``graceful run --idle 2``,
+``GRACEFUL_IDLE=2`` (for ``graceful run`` and for the gunicorn workers, which have no
+command line of their own) and the defaults printed by ``--help``.  Written out three
+times they drift: a variable the gunicorn worker forgot, a ``--help`` that says
+"default None" where the policy really waits 2 s, a check that one path has and the
+other lacks.  So each option is one :class:`Option` in :data:`OPTIONS` — its name (which
+gives both the flag and the variable), a parser from text to value, the default, a line
+of help and *where the value goes*: the policy, the coordinator, the middleware, uvicorn's
+``Config`` or ``graceful run`` itself.  The argument parser, the environment reader, the
+gunicorn workers, the help text and :func:`build_server` are all generated from it, so
+adding an option is adding one entry.
+
+Values are checked twice: each on its own by its parser (a wrong type, NaN, a negative or
+absurdly large number, an empty string, an unknown choice), then together by
+:func:`check`, which builds the policy, the coordinator and the middleware once — so
+whatever they validate is validated here, before a server or a worker starts — and adds
+the checks between options (``--grace-period`` must exceed ``--kill-margin``, the health
+endpoints need distinct paths).  Every failure is one :class:`ConfigError` line that
+names the option the way the user set it: ``--idle`` or ``GRACEFUL_IDLE``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import math
+import os
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from typing_extensions import final
+
+from ._coordinator import ShutdownCoordinator
+from ._deadlines import DEFAULT_GRACE_PERIOD_S
+from ._policy import POLICIES, Policy, policy_from_name
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from .uvicorn import Server
+
+__all__ = (
+    "ENV_PREFIX",
+    "MAX_SECONDS",
+    "OPTIONS",
+    "ConfigError",
+    "Option",
+    "Values",
+    "boolean",
+    "build_server",
+    "check",
+    "coordinator_kwargs",
+    "from_environment",
+    "help_default",
+    "middleware_kwargs",
+    "option",
+    "policy_kwargs",
+    "resolve",
+    "uvicorn_kwargs",
+)
+
+#: Prefix of the environment variables: ``--drain-timeout`` is ``GRACEFUL_DRAIN_TIMEOUT``.
+ENV_PREFIX: Final = "GRACEFUL_"
+#: The largest number of seconds any option takes (a week): larger values are mistakes,
+#: and some overflow the platform's timers.
+MAX_SECONDS: Final = 7 * 24 * 3600.0
+
+Target = Literal["run", "uvicorn", "policy", "coordinator", "middleware"]
+
+
+class ConfigError(ValueError):
+    """A bad option value; the message is one line naming the option."""
+
+
+# ------------------------------------------------------------------------- parsers
+#
+# A parser turns the text of one option (from the command line or the environment,
+# stripped) into its value, or raises ValueError with the reason: "must be …, got '…'".
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, shortened so that the message stays one line."""
+    if len(text) > 40:
+        return repr(text[:20]) + f"… ({len(text)} characters)"
+    return repr(text)
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds from 0 to :data:`MAX_SECONDS`."""
+    reason = f"must be a number of seconds from 0 to {MAX_SECONDS:g}, got {_shown(text)}"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(reason) from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+        raise ValueError(reason)
+    return value
+
+
+def integer(low: int, high: int, what: str) -> Callable[[str], int]:
+    """A parser for whole numbers from ``low`` to ``high``; ``what`` names them."""
+
+    def parse(text: str) -> int:
+        # Digits only: int() would also take "1_000", "+5" and non-ASCII digits.
+        if re.fullmatch(r"[0-9]{1,9}", text) is None or not low <= int(text) <= high:
+            raise ValueError(f"must be {what} from {low} to {high}, got {_shown(text)}")
+        return int(text)
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    """A parser for one of ``allowed`` (case-insensitive)."""
+
+    def parse(text: str) -> str:
+        if text.lower() not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {_shown(text)}")
+        return text.lower()
+
+    parse.__name__ = "choice"
+    return parse
+
+
+_TRUE: Final = frozenset({"true", "1", "yes", "on"})
+_FALSE: Final = frozenset({"false", "0", "no", "off"})
+
+
+def boolean(text: str) -> bool:
+    """``true/false``, ``1/0``, ``yes/no`` or ``on/off``, in any case; nothing else."""
+    key = text.lower()
+    if key in _TRUE:
+        return True
+    if key in _FALSE:
+        return False
+    raise ValueError(f"must be true or false (also 1/0, yes/no, on/off), got {_shown(text)}")
+
+
+def policy_name(text: str) -> str:
+    """A policy name (``accept_until_idle`` and any case are accepted)."""
+    key = text.lower().replace("_", "-")
+    if key not in POLICIES:
+        allowed = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown policy {_shown(text)}; expected one of {allowed}")
+    return key
+
+
+def endpoint_path(text: str) -> str | None:
+    """An HTTP path for an endpoint, or ``none``/``off`` for no endpoint."""
+    if text.lower() in ("none", "off"):
+        return None
+    if not text.startswith("/") or re.search(r"[\s?#]", text) or not text.isprintable():
+        raise ValueError(
+            "must be a path starting with '/' (no spaces, '?' or '#') or 'none', "
+            f"got {_shown(text)}"
+        )
+    return text
+
+
+_LABEL: Final = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def host(text: str) -> str:
+    """An IP address or a host name (whether it resolves is checked by the caller)."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    else:
+        return text
+    name = text[:-1] if text.endswith(".") else text
+    if len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        raise ValueError(f"must be an IP address or a host name, got {_shown(text)}")
+    return text
+
+
+# ------------------------------------------------------------------------- options
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting of ``graceful run`` and of the gunicorn workers.
+
+    Attributes:
+        name: The option's name with underscores; it gives the flag (``--drain-timeout``)
+            and the environment variable (``GRACEFUL_DRAIN_TIMEOUT``).
+        parse: Text to value; raises ``ValueError`` with the reason.
+        default: The value when the option is not set.  For policy options ``None``
+            means "the chosen policy's own default".
+        to: Where the value goes and as which keyword argument: ``"policy"``
+            (:func:`graceful.policy_from_name`), ``"coordinator"``
+            (:class:`graceful.ShutdownCoordinator`), ``"middleware"``
+            (:class:`graceful.asgi.GracefulMiddleware`), ``"uvicorn"``
+            (:class:`uvicorn.Config`) or ``"run"`` (``graceful run`` itself).
+        metavar: The kind of value, for ``--help`` (and the tests' bad examples).
+        help: One line for ``--help``.
+        default_text: How ``--help`` shows the default, if not the value itself.
+        gunicorn: For settings gunicorn owns, what to use instead under gunicorn
+            (``GRACEFUL_*`` for them is ignored there, with a warning).
+    """
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    _: KW_ONLY
+    to: tuple[Target, str]
+    metavar: str
+    help: str
+    default_text: str | None = None
+    gunicorn: str | None = None
+
+    @property
+    def target(self) -> Target:
+        """Where the value goes (see ``to``)."""
+        return self.to[0]
+
+    @property
+    def keyword(self) -> str:
+        """The keyword argument of the target (see ``to``)."""
+        return self.to[1]
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, ``--drain-timeout``."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        """The environment variable, ``GRACEFUL_DRAIN_TIMEOUT``."""
+        return ENV_PREFIX + self.name.upper()
+
+
+OPTIONS: Final[tuple[Option, ...]] = (
+    Option(
+        "server", choice("uvicorn"), "uvicorn", to=("run", "server"), metavar="{uvicorn}",
+        help="the server to run",
+        gunicorn="-k graceful.gunicorn.UvicornWorker",
+    ),
+    Option(
+        "host", host, "127.0.0.1", to=("uvicorn", "host"), metavar="HOST",
+        help="address to bind",
+        gunicorn="--bind",
+    ),
+    Option(
+        "port", integer(0, 65535, "a port number"), 8000, to=("uvicorn", "port"),
+        metavar="PORT", help="port to bind (0: any free port)",
+        gunicorn="--bind",
+    ),
+    Option(
+        "workers", integer(1, 1024, "a number of processes"), 1, to=("run", "workers"),
+        metavar="N", help="worker processes sharing the socket (see 'workers' below)",
+        gunicorn="--workers",
+    ),
+    Option(
+        "policy", policy_name, "accept-until-idle", to=("policy", "name"),
+        metavar="{" + ",".join(sorted(POLICIES)) + "}",
+        help="shutdown policy (see 'policies' below)",
+    ),
+    Option(
+        "idle", seconds, None, to=("policy", "idle_s"), metavar="SECONDS",
+        help="accept-until-idle: the quiet period that ends accepting, s",
+    ),
+    Option(
+        "min_wait", seconds, None, to=("policy", "min_wait_s"), metavar="SECONDS",
+        help="accept at least this long after SIGTERM, s",
+    ),
+    Option(
+        "max_wait", seconds, None, to=("policy", "max_wait_s"), metavar="SECONDS",
+        help="accept at most this long after SIGTERM, s",
+    ),
+    Option(
+        "nudge_clients", boolean, None, to=("policy", "nudge_clients"), metavar="BOOL",
+        help="send 'Connection: close' while still accepting, so keep-alive clients reconnect",
+    ),
+    Option(
+        "drain_timeout", seconds, 30.0, to=("coordinator", "drain_timeout_s"),
+        metavar="SECONDS", help="the longest drain before what is left is cut, s",
+    ),
+    Option(
+        "grace_period", seconds, None, to=("coordinator", "grace_period_s"), metavar="SECONDS",
+        help="seconds from SIGTERM to SIGKILL (the pod's terminationGracePeriodSeconds)",
+        default_text=f"unset: Kubernetes' {DEFAULT_GRACE_PERIOD_S:g} s is assumed, with a warning",
+        gunicorn="--graceful-timeout",
+    ),
+    Option(
+        "kill_margin", seconds, 1.0, to=("coordinator", "kill_margin_s"), metavar="SECONDS",
+        help="stop this long before SIGKILL: the budget for cutting, lifespan shutdown, hooks",
+    ),
+    Option(
+        "readiness_path", endpoint_path, "/readyz", to=("middleware", "readiness_path"),
+        metavar="PATH", help="readiness endpoint ('none': none)",
+    ),
+    Option(
+        "liveness_path", endpoint_path, "/livez", to=("middleware", "liveness_path"),
+        metavar="PATH", help="liveness endpoint ('none': none)",
+    ),
+    Option(
+        "prestop_path", endpoint_path, None, to=("middleware", "prestop_path"), metavar="PATH",
+        help="preStop endpoint (off by default: anyone reaching it can stop the server)",
+    ),
+    Option(
+        "websocket_close_grace", seconds, 1.0, to=("middleware", "websocket_close_grace_s"),
+        metavar="SECONDS",
+        help="how long a websocket may stay open once draining before it is closed with 1001, s",
+    ),
+    Option(
+        "timeout_keep_alive", seconds, 5.0, to=("uvicorn", "timeout_keep_alive"),
+        metavar="SECONDS",
+        help="close idle keep-alive connections after this long, s (uvicorn's option)",
+        gunicorn="--keep-alive",
+    ),
+    Option(
+        "http", choice("auto", "h11", "httptools"), "auto", to=("uvicorn", "http"),
+        metavar="{auto,h11,httptools}", help="HTTP parser",
+        gunicorn="-k graceful.gunicorn.UvicornH11Worker for h11",
+    ),
+    Option(
+        "loop", choice("auto", "asyncio", "uvloop"), "auto", to=("uvicorn", "loop"),
+        metavar="{auto,asyncio,uvloop}", help="event loop",
+        gunicorn="-k graceful.gunicorn.UvicornH11Worker for asyncio",
+    ),
+    Option(
+        "log_level", choice("critical", "error", "warning", "info", "debug", "trace"), "info",
+        to=("uvicorn", "log_level"), metavar="{critical,error,warning,info,debug,trace}",
+        help="log level",
+        gunicorn="--log-level",
+    ),
+)  # fmt: skip
+
+_BY_NAME: Final = {o.name: o for o in OPTIONS}
+assert len(_BY_NAME) == len(OPTIONS), "duplicate option names"
+
+
+def option(name: str) -> Option:
+    """The option called ``name`` (``"drain_timeout"``)."""
+    return _BY_NAME[name]
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _policy_defaults(keyword: str) -> str:
+    """``"2 with accept-until-idle"``: the defaults of the policies that take ``keyword``."""
+    shown = []
+    for name, cls in sorted(POLICIES.items()):
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every policy is one
+        field = next((f for f in fields if f.name == keyword), None)
+        if field is None:
+            continue
+        try:  # only the policies that accept the option from the command line
+            policy_from_name(name, **{keyword: field.default})  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        shown.append(f"{_show(field.default)} with {name}")
+    return ", ".join(shown)
+
+
+def help_default(opt: Option) -> str:
+    """The default as ``--help`` shows it: the real one, also for policy options."""
+    if opt.default_text is not None:
+        return opt.default_text
+    if opt.target == "policy" and opt.default is None:
+        return _policy_defaults(opt.keyword)
+    return _show(opt.default)
+
+
+# -------------------------------------------------------------------------- values
+
+
+@final
+class Values(Mapping[str, Any]):
+    """Checked option values by name, and how each was set (for messages).
+
+    ``values["idle"]``; :meth:`label` is ``"--idle"`` or ``"GRACEFUL_IDLE"``.
+    """
+
+    __slots__ = ("_labels", "_values")
+
+    def __init__(self, values: Mapping[str, Any], labels: Mapping[str, str]) -> None:
+        self._values = dict(values)
+        self._labels = dict(labels)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Values({self._values!r})"
+
+    def label(self, name: str) -> str:
+        """How the option was set: its flag, its variable or what the host passed."""
+        return self._labels.get(name, _BY_NAME[name].flag)
+
+    def given(self, name: str) -> bool:
+        """Whether the option was set (not left at its default)."""
+        return name in self._labels
+
+
+def resolve(
+    given: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    overrides: Mapping[str, tuple[object, str]] | None = None,
+    ignore: Collection[str] = (),
+) -> Values:
+    """Parse and check every option: command line first, then environment, then default.
+
+    Args:
+        given: Option name to text, from the command line.
+        environ: The environment (default: :data:`os.environ`).
+        overrides: Option name to ``(value, label)`` set by the host, winning over both
+            (gunicorn's ``--graceful-timeout`` is the grace period).
+        ignore: Options not read from the environment (settings the host owns).
+
+    Raises:
+        ConfigError: one line, naming the option as it was set.
+    """
+    given = given or {}
+    environ = os.environ if environ is None else environ
+    overrides = overrides or {}
+    values: dict[str, Any] = {}
+    labels: dict[str, str] = {}
+    for opt in OPTIONS:
+        if opt.name in overrides:
+            values[opt.name], labels[opt.name] = overrides[opt.name]
+            continue
+        if opt.name in given:
+            text, label = given[opt.name], opt.flag
+        elif opt.env in environ and opt.name not in ignore:
+            text, label = environ[opt.env], opt.env
+        else:
+            values[opt.name] = opt.default
+            continue
+        text = text.strip()
+        if not text:
+            raise ConfigError(f"{label}: must not be empty (default: {help_default(opt)})")
+        try:
+            values[opt.name] = opt.parse(text)
+        except ValueError as exc:
+            raise ConfigError(f"{label}: {exc}") from None
+        labels[opt.name] = label
+    result = Values(values, labels)
+    check(result)
+    return result
+
+
+def from_environment(environ: Mapping[str, str] | None = None, **overrides: object) -> Values:
+    """Checked values from ``GRACEFUL_*`` variables; ``overrides`` (by option name) win.
+
+    Raises:
+        ConfigError: naming the variable and what is allowed.
+    """
+    return resolve(
+        environ=environ, overrides={k: (v, f"{k}={_show(v)}") for k, v in overrides.items()}
+    )
+
+
+# --------------------------------------------------------------------- the targets
+
+
+def _kwargs(values: Values, target: Target) -> dict[str, Any]:
+    return {o.keyword: values[o.name] for o in OPTIONS if o.target == target}
+
+
+def policy_kwargs(values: Values) -> dict[str, Any]:
+    """Keyword arguments of :func:`graceful.policy_from_name`, unset ones left out."""
+    kwargs = _kwargs(values, "policy")
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def _policy(values: Values) -> Policy:
+    return policy_from_name(**policy_kwargs(values))
+
+
+def coordinator_kwargs(values: Values, **overrides: Any) -> dict[str, Any]:
+    """Keyword arguments of :class:`graceful.ShutdownCoordinator`, policy included."""
+    return {"policy": _policy(values), **_kwargs(values, "coordinator"), **overrides}
+
+
+def middleware_kwargs(values: Values) -> dict[str, Any]:
+    """Keyword arguments of :class:`graceful.asgi.GracefulMiddleware` (and so of
+    :class:`graceful.uvicorn.Server`)."""
+    return _kwargs(values, "middleware")
+
+
+def uvicorn_kwargs(values: Values) -> dict[str, Any]:
+    """Keyword arguments of :class:`uvicorn.Config`."""
+    return _kwargs(values, "uvicorn")
+
+
+def build_server(
+    values: Values,
+    config: uvicorn.Config,
+    *,
+    quick_signals: tuple[int, ...] | None = None,
+    **coordinator_overrides: Any,
+) -> Server:
+    """The coordinator and the graceful uvicorn server of ``values``, in one call.
+
+    Args:
+        values: Checked values.
+        config: uvicorn's configuration (from :func:`uvicorn_kwargs`, or the gunicorn
+            worker's).
+        quick_signals: Signals that stop at once (default: the server's).
+        coordinator_overrides: Coordinator arguments that are not options
+            (``hard_exit``, ``exit_on_third_request``, …).
+
+    Raises:
+        ConfigError: as :func:`check` (for values that were not checked).
+    """
+    from .uvicorn import Server
+
+    with _named(values):
+        coordinator = ShutdownCoordinator(**coordinator_kwargs(values, **coordinator_overrides))
+    extra: dict[str, Any] = {} if quick_signals is None else {"quick_signals": quick_signals}
+    with _named(values):
+        return Server(config, coordinator=coordinator, **extra, **middleware_kwargs(values))
+
+
+# ------------------------------------------------------------------------- checking
+
+
+@contextlib.contextmanager
+def _named(values: Values) -> Iterator[None]:
+    """Turn a constructor's ValueError or TypeError into a :class:`ConfigError` whose
+    message names options (``--idle``, ``GRACEFUL_IDLE``) instead of keyword arguments
+    (``idle_s``)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        message = " ".join(str(exc).split())
+        for opt in sorted(OPTIONS, key=lambda o: -len(o.keyword)):
+            if opt.target in ("policy", "coordinator", "middleware") and "_" in opt.keyword:
+                label = values.label(opt.name)
+                message = re.sub(rf"\b{re.escape(opt.keyword)}\b", label, message)
+        raise ConfigError(message) from None
+
+
+def check(values: Values) -> None:
+    """Check the options together: build the policy, the coordinator and the middleware
+    once (so that whatever they check is checked now) and compare options.
+
+    Raises:
+        ConfigError: naming the options involved.
+    """
+    label = values.label
+    grace, margin = values["grace_period"], values["kill_margin"]
+    if grace is not None and not grace > margin:
+        raise ConfigError(
+            f"{label('grace_period')} ({_show(grace)} s) must be greater than "
+            f"{label('kill_margin')} ({_show(margin)} s): stopping begins the kill margin "
+            "before SIGKILL"
+        )
+    paths: dict[str, str] = {}
+    for opt in OPTIONS:
+        if opt.parse is endpoint_path and values[opt.name] is not None:
+            other = paths.setdefault(values[opt.name], opt.name)
+            if other != opt.name:
+                raise ConfigError(
+                    f"{label(other)} and {label(opt.name)} are both {values[opt.name]!r}: "
+                    "each endpoint needs its own path"
+                )
+    from .asgi import GracefulMiddleware
+
+    async def no_app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
+        pass
+
+    with _named(values):
+        coordinator = ShutdownCoordinator(**coordinator_kwargs(values))
+        GracefulMiddleware(no_app, coordinator=coordinator, **middleware_kwargs(values))

@@ -1,0 +1,1 @@
+"""aiohttp applications for graceful-drain's integration tests."""

@@ -1,0 +1,354 @@
+"""``graceful run`` as a user runs it: bad input, start-up failures, and the ``--workers``
+parent with real signals.  Processes are waited for through their output, their exit
+or (for workers that are not our children) a pidfd, never through the clock."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from graceful._config import OPTIONS, Option
+
+from .servers import ACCEPTING, ROOT, RawHTTP, ServerProcess
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+
+#: One bad text per kind of value (an option's metavar).
+BAD = {
+    "SECONDS": "nan",
+    "PORT": "99999999999999999999999",
+    "N": "0",
+    "PATH": "relative",
+    "BOOL": "maybe",
+    "HOST": "a..b",
+}
+
+#: An app that says when it is imported, can take long to import and can block its
+#: event loop (``/block``); otherwise the example app.
+APP = """\
+import os, sys, time
+sys.stdout.write("importing app\\n")
+sys.stdout.flush()
+time.sleep(float(os.environ.get("APP_IMPORT_DELAY", "0")))
+from examples.asgi_app import app as example
+
+async def app(scope, receive, send):
+    if scope["type"] == "http" and scope["path"] == "/block":
+        sys.stdout.write("blocking the event loop\\n")
+        sys.stdout.flush()
+        time.sleep(60)
+    await example(scope, receive, send)
+"""
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def graceful_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "graceful", "run", *args],
+        cwd=ROOT,
+        env=env or clean_environment(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *names: str) -> str:
+    """Exit status 2 and one line on stderr naming ``names``."""
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("graceful run: error: ")
+    assert "Traceback" not in result.stderr
+    for name in names:
+        assert name in lines[0]
+    return lines[0]
+
+
+def bad_text(opt: Option) -> str:
+    return "nope" if opt.metavar.startswith("{") else BAD[opt.metavar]
+
+
+# ------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o.flag)
+def test_bad_option_exits_2_with_one_line(opt: Option) -> None:
+    text = bad_text(opt)
+    assert_usage_error(graceful_run("examples.asgi_app:app", opt.flag, text), opt.flag)
+    env = clean_environment(**{opt.env: text})
+    assert_usage_error(graceful_run("examples.asgi_app:app", env=env), opt.env)
+    env = clean_environment(**{opt.env: ""})
+    assert_usage_error(graceful_run("examples.asgi_app:app", env=env), opt.env, "empty")
+
+
+BAD_COMBINATIONS = [
+    (["--readiness-path", "/same", "--liveness-path", "/same"], ["--readiness-path"]),
+    (["--liveness-path", "/x", "--prestop-path", "/x"], ["--liveness-path", "--prestop-path"]),
+    (["--grace-period", "1", "--kill-margin", "1"], ["--grace-period", "--kill-margin"]),
+    (["--grace-period", "0.5"], ["--grace-period", "--kill-margin"]),
+    (["--idle", "1e999"], ["--idle"]),
+    (["--drain-timeout", "1" + "0" * 400], ["--drain-timeout"]),
+    (["--host", "nonexistent.invalid"], ["--host", "cannot resolve"]),
+    (["--host", "192.0.2.1"], ["--host", "not an address of this machine"]),
+    (["--host", "bad host"], ["--host"]),
+    (["--policy", "refuse-immediately", "--max-wait", "3"], ["--max-wait"]),
+    (["--unknown-option", "1"], ["--unknown-option"]),
+    (["--work", "2"], ["--work"]),  # no abbreviations
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "names"), BAD_COMBINATIONS, ids=[" ".join(a)[:40] for a, _ in BAD_COMBINATIONS]
+)
+def test_bad_combination_exits_2_with_one_line(args: list[str], names: list[str]) -> None:
+    assert_usage_error(graceful_run("examples.asgi_app:app", *args), *names)
+
+
+def test_bad_host_from_the_environment_names_the_variable() -> None:
+    env = clean_environment(GRACEFUL_HOST="nonexistent.invalid")
+    assert_usage_error(graceful_run("examples.asgi_app:app", env=env), "GRACEFUL_HOST")
+
+
+def test_port_in_use_names_the_port() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        message = assert_usage_error(graceful_run("examples.asgi_app:app", "--port", port))
+    assert f"--port: port {port} on 127.0.0.1 is in use" in message
+
+
+@pytest.mark.parametrize(("args", "name"), [(["no_colon"], "MODULE:APP"), ([], "required")])
+def test_bad_app_exits_2(args: list[str], name: str) -> None:
+    assert_usage_error(graceful_run(*args), name)
+
+
+def test_help_shows_real_defaults() -> None:
+    result = graceful_run("--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "--idle SECONDS accept-until-idle: the quiet period that ends accepting, s" in text
+    assert "[default: 2 with accept-until-idle; env GRACEFUL_IDLE]" in text
+    assert "SIGHUP with --workers: reload" in text
+    assert "3 the app failed to start" in text
+
+
+# ------------------------------------------------------------------- start-up
+
+
+@pytest.fixture
+def app_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "testapp.py").write_text(APP)
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+@pytest.fixture
+def started() -> Iterator[list[ServerProcess]]:
+    """Servers to stop after the test, with their workers (even orphaned ones)."""
+    servers: list[ServerProcess] = []
+    yield servers
+    RawHTTP.close_all()
+    for server in servers:
+        for pid in getattr(server, "worker_pids", []):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        server.stop()
+
+
+def start(
+    started: list[ServerProcess], *args: str, env: dict[str, str] | None = None
+) -> ServerProcess:
+    server = ServerProcess([sys.executable, "-m", "graceful", "run", *args], env=env)
+    started.append(server)
+    return server
+
+
+def start_workers(
+    started: list[ServerProcess], *args: str, env: dict[str, str] | None = None
+) -> tuple[ServerProcess, list[int]]:
+    """``graceful run --workers 2``, once both workers serve."""
+    server = start(
+        started, "examples.asgi_app:app", "--port", "0", "--workers", "2", *args, env=env
+    )
+    server.port = int(server.wait_for_line(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
+    server.wait_for_line(r"worker \d+ serves", count=2)
+    pids = workers(server)
+    server.worker_pids = pids  # type: ignore[attr-defined]
+    return server, pids
+
+
+def workers(server: ServerProcess) -> list[int]:
+    pids = sorted(server._descendants())
+    assert len(pids) == 2, pids
+    return pids
+
+
+def wait_gone(pids: list[int], timeout_s: float = 15.0) -> None:
+    """Wait until none of ``pids`` runs (they need not be our children): pidfds."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"process {pid} still runs after {timeout_s} s"
+        finally:
+            os.close(fd)
+
+
+def test_app_that_fails_to_import_exits_3() -> None:
+    result = graceful_run("no_such_module:app", "--port", "0")
+    assert result.returncode == 3, result
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_workers_that_fail_to_start_stop_the_parent(started: list[ServerProcess]) -> None:
+    server = start(started, "no_such_module:app", "--port", "0", "--workers", "2")
+    assert server.wait_exit() == 3
+    output = server.output()
+    assert len([line for line in output.splitlines() if "failed to start" in line]) == 1, output
+    assert output.count('Could not import module "no_such_module"') <= 2  # no respawn
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sigterm_while_the_app_is_imported_is_not_lost(
+    started: list[ServerProcess], app_env: dict[str, str], workers: str
+) -> None:
+    server = start(
+        started,
+        "testapp:app",
+        "--port",
+        "0",
+        "--workers",
+        workers,
+        "--policy",
+        "refuse-immediately",
+        env={**app_env, "APP_IMPORT_DELAY": "1.5"},
+    )
+    server.wait_for_line(r"importing app", count=int(workers))
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    output = server.output()
+    assert output.count("serving -> accepting: SIGTERM") == int(workers), output
+    assert output.count("stopping -> stopped") == int(workers)
+
+
+# --------------------------------------------------------------------- workers
+
+
+def test_sigterm_to_the_parent_drains_both_workers(started: list[ServerProcess]) -> None:
+    server, (first, second) = start_workers(started, "--policy", "refuse-immediately")
+    clients = []
+    # One slow request on each worker: the other one is stopped while it connects.
+    for stopped in (second, first):
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            client = RawHTTP(server.port)
+            client.send("/slow?s=1.5")
+            server.wait_for_line(r"slow request started", count=len(clients) + 1)
+            clients.append(client)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+    server.signal(signal.SIGTERM)
+    lines = [server.wait_for_line(ACCEPTING + r" \((\d+) connections, (\d+) requests", count=n)
+             for n in (1, 2)]  # fmt: skip
+    assert [line.group(2) for line in lines] == ["1", "1"]
+    assert [client.response()[0] for client in clients] == [200, 200]
+    assert server.wait_exit() == 0
+    assert server.output().count("stopping -> stopped") == 2
+    wait_gone([first, second], timeout_s=0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
+def test_no_worker_outlives_a_signalled_parent(
+    started: list[ServerProcess], sig: signal.Signals
+) -> None:
+    server, pids = start_workers(started, "--policy", "refuse-immediately")
+    server.signal(sig)
+    assert server.wait_exit() == 0
+    wait_gone(pids, timeout_s=0)  # the parent waited for them
+
+
+def test_no_worker_outlives_a_killed_parent(started: list[ServerProcess]) -> None:
+    server, pids = start_workers(started, "--policy", "refuse-immediately")
+    client = RawHTTP(server.port)
+    client.send("/slow?s=1")
+    server.wait_for_line(r"slow request started")
+    server.proc.kill()
+    # Each worker gets one SIGTERM from the kernel and drains: the request completes.
+    assert client.response()[0] == 200
+    wait_gone(pids)
+    server.wait_for_line(r"stopping -> stopped", count=2)
+    output = server.output()
+    assert output.count("serving -> accepting: SIGTERM") == 2, output
+    assert "escalated" not in output
+
+
+def test_sighup_reloads_the_workers(started: list[ServerProcess]) -> None:
+    server, old = start_workers(started, "--policy", "refuse-immediately")
+    client = RawHTTP(server.port)
+    client.send("/slow?s=1.5")
+    server.wait_for_line(r"slow request started")
+    server.signal(signal.SIGHUP)
+    server.wait_for_line(r"reload: new workers serve")
+    assert client.response()[0] == 200  # the old worker drained
+    server.wait_for_line(r"retired worker \d+ exited \(exit status 0\)", count=2)
+    wait_gone(old, timeout_s=0)
+    new = workers(server)
+    assert not set(new) & set(old)
+    assert RawHTTP(server.port).get("/")[0] == 200
+    server.worker_pids = new  # type: ignore[attr-defined]
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    wait_gone(new, timeout_s=0)
+
+
+def test_a_killed_worker_is_replaced(started: list[ServerProcess]) -> None:
+    server, (first, second) = start_workers(started)
+    os.kill(first, signal.SIGKILL)
+    server.wait_for_line(rf"worker {first} died \(killed by SIGKILL\); starting a new one")
+    server.wait_for_line(r"worker \d+ serves", count=3)
+    replaced = workers(server)
+    assert second in replaced
+    assert first not in replaced
+    server.worker_pids = replaced  # type: ignore[attr-defined]
+    assert RawHTTP(server.port).get("/")[0] == 200
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+
+
+def test_worker_that_does_not_stop_in_time_makes_the_parent_exit_1(
+    started: list[ServerProcess], app_env: dict[str, str]
+) -> None:
+    server = start(
+        started,
+        "testapp:app",
+        *("--port", "0", "--workers", "2", "--policy", "refuse-immediately"),
+        *("--grace-period", "2", "--kill-margin", "0.5"),
+        env=app_env,
+    )
+    server.port = int(server.wait_for_line(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
+    server.wait_for_line(r"worker \d+ serves", count=2)
+    server.worker_pids = workers(server)  # type: ignore[attr-defined]
+    RawHTTP(server.port).send("/block")
+    server.wait_for_line(r"blocking the event loop")
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(timeout_s=10) == 1
+    assert server.has_line(r"still alive at the last moment before SIGKILL|outlived the kill")
