@@ -20,6 +20,10 @@ gunicorn's own options):
   gunicorn's quick shutdown — stop at once.  A signal that arrives while the app is
   imported is kept and acted on once the server runs;
 * ``max_requests`` recycling drains at once (the sibling workers keep serving).
+
+The same guarantees for the other servers, each importing only its own server:
+``graceful.gunicorn.HypercornWorker`` (asyncio), ``HypercornUvloopWorker``,
+``HypercornTrioWorker`` and ``AiohttpWorker``.
 """
 
 from __future__ import annotations
@@ -30,17 +34,47 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
-from uvicorn.config import Config
 
 from . import _config
 from ._config import OPTIONS, ConfigError, Values
 from ._signals import defer_signals
 
-__all__ = ("UvicornH11Worker", "UvicornWorker")
+if TYPE_CHECKING:
+    from ._aiohttp_worker import AiohttpWorker as AiohttpWorker
+    from ._hypercorn_worker import HypercornTrioWorker as HypercornTrioWorker
+    from ._hypercorn_worker import HypercornUvloopWorker as HypercornUvloopWorker
+    from ._hypercorn_worker import HypercornWorker as HypercornWorker
+
+__all__ = (
+    "AiohttpWorker",
+    "HypercornTrioWorker",
+    "HypercornUvloopWorker",
+    "HypercornWorker",
+    "UvicornH11Worker",
+    "UvicornWorker",
+)
+
+_ELSEWHERE = {
+    "AiohttpWorker": "graceful._aiohttp_worker",
+    "HypercornWorker": "graceful._hypercorn_worker",
+    "HypercornUvloopWorker": "graceful._hypercorn_worker",
+    "HypercornTrioWorker": "graceful._hypercorn_worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The hypercorn and aiohttp workers, imported on first use (each needs its server)."""
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
@@ -162,6 +196,8 @@ class UvicornWorker(Worker):  # type: ignore[misc]
         if self.cfg.settings["backlog"].value:
             config_kwargs["backlog"] = self.cfg.settings["backlog"].value
         config_kwargs.update(self.CONFIG_KWARGS)
+        from uvicorn.config import Config  # here: the other workers need no uvicorn
+
         self.config = Config(**config_kwargs)
 
     @classmethod

@@ -3,7 +3,7 @@
 * ``run_app``: :func:`graceful.aiohttp.run_app`;
 * ``runner``: the pieces — a user's own :class:`graceful.aiohttp.AppRunner`,
   ``web.TCPSite`` and ``coordinator.run()``;
-* ``gunicorn``: ``gunicorn -k graceful._aiohttp_worker.AiohttpWorker`` (one worker; the
+* ``gunicorn``: ``gunicorn -k graceful.gunicorn.AiohttpWorker`` (one worker; the
   master gets the signals, as in a container).
 
 Every server is a subprocess of ``tests/integration/aiohttp_apps/app.py`` on a free
@@ -72,7 +72,7 @@ def start_server(mode: str, options: dict[str, str]) -> AiohttpServer:
         server = AiohttpServer(
             [
                 sys.executable, "-m", "gunicorn", f"{APP}:app",
-                "-k", "graceful._aiohttp_worker.AiohttpWorker", "-w", "1",
+                "-k", "graceful.gunicorn.AiohttpWorker", "-w", "1",
                 "-b", "127.0.0.1:0", "--graceful-timeout", grace, "--timeout", "3",
                 "--backlog", backlog,
             ],
@@ -333,7 +333,7 @@ def test_gunicorn_max_requests_recycling_drains_at_once(servers: list[AiohttpSer
     server = AiohttpServer(
         [
             sys.executable, "-m", "gunicorn", f"{APP}:app",
-            "-k", "graceful._aiohttp_worker.AiohttpWorker", "-w", "1", "-b", "127.0.0.1:0",
+            "-k", "graceful.gunicorn.AiohttpWorker", "-w", "1", "-b", "127.0.0.1:0",
             "--max-requests", "3", "--graceful-timeout", "10", "--timeout", "3",
         ],
         env={"GRACEFUL_POLICY": "accept-until-idle", "GRACEFUL_IDLE": "5"},

@@ -468,7 +468,7 @@ def gunicorn(worker_class: str, env: dict[str, str]) -> ServerProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
     return ServerProcess(
         [sys.executable, "-m", "gunicorn", "examples.asgi_app:app",
-         "-k", f"graceful._hypercorn_worker.{worker_class}", "-w", "2",
+         "-k", f"graceful.gunicorn.{worker_class}", "-w", "2",
          "-b", "127.0.0.1:0", "--graceful-timeout", "10", "--timeout", "3"],
         env={**environment, **env},
     )  # fmt: skip
