@@ -74,8 +74,7 @@ EXIT_STATUSES = [
     ),
     (
         "the app would not stop by the kill deadline: hard exit",
-        "0 if stopping had finished, 1 if not (a hung lifespan shutdown gives either: "
-        "two timers at the same deadline race)",
+        "0 if stopping had finished (the interpreter's teardown was what hung), 1 if not",
     ),
     (
         "SIGHUP, single process (not handled: default action)",
