@@ -82,6 +82,15 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
         asyncio.set_event_loop(self.loop)
         super().init_process()
 
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        """Check the ``GRACEFUL_*`` variables in the master, before any worker boots
+        (a bad value stops gunicorn with one line instead of a crash loop)."""
+        try:
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning)
+        except _config.ConfigError as exc:
+            raise RuntimeError(f"graceful: {exc}") from None
+
     def init_signals(self) -> None:
         # SIGTERM/SIGINT/SIGQUIT are recorded until the worker serves (the app is
         # imported meanwhile), then handled by the coordinator; the rest as gunicorn's.
@@ -126,7 +135,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
                 "the app must be an aiohttp.web.Application, or a factory returning one or "
                 f"a graceful.aiohttp.AppRunner; got {target!r}"
             )
-        values = _config.from_environment(grace_period=float(self.cfg.graceful_timeout))
+        values = _config.gunicorn_values(self.cfg.graceful_timeout)
         coordinator = ShutdownCoordinator(
             **_config.coordinator_kwargs(values, hard_exit=True)  # the process is ours
         )

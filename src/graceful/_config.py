@@ -58,6 +58,7 @@ __all__ = (
     "check",
     "coordinator_kwargs",
     "from_environment",
+    "gunicorn_values",
     "help_default",
     "middleware_kwargs",
     "option",
@@ -590,3 +591,44 @@ def check(values: Values) -> None:
     with _named(values):
         coordinator = ShutdownCoordinator(**coordinator_kwargs(values))
         GracefulMiddleware(no_app, coordinator=coordinator, **middleware_kwargs(values))
+
+
+#: Settings gunicorn owns: their GRACEFUL_* variables are ignored under gunicorn.
+_GUNICORN_OWNS = frozenset(o.name for o in OPTIONS if o.gunicorn is not None)
+
+
+def gunicorn_values(
+    graceful_timeout: float,
+    environ: Mapping[str, str] | None = None,
+    warn: Callable[[str], object] | None = None,
+) -> Values:
+    """The options of a gunicorn worker (uvicorn, hypercorn, aiohttp): ``GRACEFUL_*``,
+    with gunicorn's ``graceful_timeout`` as the grace period; a timeout not above the
+    default kill margin shrinks the margin to a quarter of it, with a warning; the
+    variables of settings gunicorn owns are ignored, with a warning.
+
+    Raises:
+        ConfigError: one line naming the variable or ``--graceful-timeout``.
+    """
+    environ = os.environ if environ is None else environ
+    grace = float(graceful_timeout)
+    if grace <= 0:
+        raise ConfigError(
+            f"--graceful-timeout {graceful_timeout} leaves no time to drain; "
+            "graceful workers need a positive one"
+        )
+    overrides: dict[str, tuple[object, str]] = {"grace_period": (grace, "--graceful-timeout")}
+    margin = option("kill_margin")
+    if margin.env not in environ and grace <= margin.default:
+        overrides["kill_margin"] = (grace / 4, "the kill margin")
+        if warn is not None:
+            warn(
+                f"graceful: --graceful-timeout {grace:g} is not above the default kill margin "
+                f"({margin.default:g} s): stopping gets {grace / 4:g} s (set "
+                f"{margin.env} to choose)"
+            )
+    if warn is not None:
+        for opt in OPTIONS:
+            if opt.name in _GUNICORN_OWNS and opt.env in environ:
+                warn(f"graceful: {opt.env} is ignored under gunicorn (use {opt.gunicorn})")
+    return resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)

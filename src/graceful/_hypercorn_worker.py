@@ -30,8 +30,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 import anyio
 from gunicorn.arbiter import Arbiter
@@ -47,46 +46,6 @@ __all__ = ("HypercornTrioWorker", "HypercornUvloopWorker", "HypercornWorker")
 
 #: The heartbeat's period, at most (a quarter of gunicorn's ``timeout`` if shorter).
 _HEARTBEAT_S = 1.0
-
-
-#: Settings gunicorn owns: their GRACEFUL_* variables are ignored under gunicorn.
-_GUNICORN_OWNS: Final = frozenset(o.name for o in _config.OPTIONS if o.gunicorn is not None)
-
-
-def _worker_values(
-    graceful_timeout: float,
-    environ: Mapping[str, str] | None = None,
-    warn: Callable[[str], object] | None = None,
-) -> _config.Values:
-    """The options of a worker: ``GRACEFUL_*``, with gunicorn's ``graceful_timeout`` as
-    the grace period — the same rules as :class:`graceful.gunicorn.UvicornWorker`'s
-    (kept here so that the hypercorn workers need no uvicorn).
-
-    Raises:
-        ConfigError: one line naming the variable or ``--graceful-timeout``.
-    """
-    environ = os.environ if environ is None else environ
-    grace = float(graceful_timeout)
-    if grace <= 0:
-        raise _config.ConfigError(
-            f"--graceful-timeout {graceful_timeout} leaves no time to drain; "
-            "graceful workers need a positive one"
-        )
-    overrides: dict[str, tuple[object, str]] = {"grace_period": (grace, "--graceful-timeout")}
-    margin = _config.option("kill_margin")
-    if margin.env not in environ and grace <= margin.default:
-        overrides["kill_margin"] = (grace / 4, "the kill margin")
-        if warn is not None:
-            warn(
-                f"graceful: --graceful-timeout {grace:g} is not above the default kill margin "
-                f"({margin.default:g} s): stopping gets {grace / 4:g} s (set "
-                f"{margin.env} to choose)"
-            )
-    if warn is not None:
-        for opt in _config.OPTIONS:
-            if opt.name in _GUNICORN_OWNS and opt.env in environ:
-                warn(f"graceful: {opt.env} is ignored under gunicorn (use {opt.gunicorn})")
-    return _config.resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)
 
 
 class HypercornWorker(Worker):  # type: ignore[misc]
@@ -143,13 +102,13 @@ class HypercornWorker(Worker):  # type: ignore[misc]
         with ``Error: graceful: …`` and status 1 instead of workers that fail to boot.
         """
         try:
-            _worker_values(cfg.graceful_timeout, warn=log.warning)
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning)
         except _config.ConfigError as exc:
             raise RuntimeError(f"graceful: {exc}") from None
 
     def run(self) -> None:
         try:
-            values = _worker_values(self.cfg.graceful_timeout)  # the master warned already
+            values = _config.gunicorn_values(self.cfg.graceful_timeout)  # the master warned already
             self.coordinator = ShutdownCoordinator(
                 **_config.coordinator_kwargs(values, hard_exit=True)
             )

@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
 from . import _config
-from ._config import OPTIONS, ConfigError, Values
+from ._config import ConfigError
 from ._signals import defer_signals
 
 if TYPE_CHECKING:
@@ -77,44 +76,6 @@ def __getattr__(name: str) -> Any:
 
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
-
-#: Settings gunicorn owns: their GRACEFUL_* variables are ignored under gunicorn.
-_GUNICORN_OWNS = frozenset(o.name for o in OPTIONS if o.gunicorn is not None)
-
-
-def _values(
-    graceful_timeout: float,
-    environ: Mapping[str, str] | None = None,
-    warn: Callable[[str], object] | None = None,
-) -> Values:
-    """The options of a worker: ``GRACEFUL_*``, with gunicorn's ``graceful_timeout`` as
-    the grace period.
-
-    Raises:
-        ConfigError: one line naming the variable or ``--graceful-timeout``.
-    """
-    environ = os.environ if environ is None else environ
-    grace = float(graceful_timeout)
-    if grace <= 0:
-        raise ConfigError(
-            f"--graceful-timeout {graceful_timeout} leaves no time to drain; "
-            "graceful workers need a positive one"
-        )
-    overrides: dict[str, tuple[object, str]] = {"grace_period": (grace, "--graceful-timeout")}
-    margin = _config.option("kill_margin")
-    if margin.env not in environ and grace <= margin.default:
-        overrides["kill_margin"] = (grace / 4, "the kill margin")
-        if warn is not None:
-            warn(
-                f"graceful: --graceful-timeout {grace:g} is not above the default kill margin "
-                f"({margin.default:g} s): stopping gets {grace / 4:g} s (set "
-                f"{margin.env} to choose)"
-            )
-    if warn is not None:
-        for opt in OPTIONS:
-            if opt.name in _GUNICORN_OWNS and opt.env in environ:
-                warn(f"graceful: {opt.env} is ignored under gunicorn (use {opt.gunicorn})")
-    return _config.resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)
 
 
 def _default_loop_factory(loop: str) -> LoopFactory:
@@ -208,7 +169,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
         with ``Error: graceful: …`` and status 1.
         """
         try:
-            _values(cfg.graceful_timeout, warn=log.warning)
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning)
         except ConfigError as exc:
             raise RuntimeError(f"graceful: {exc}") from None
 
@@ -226,7 +187,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         try:
-            values = _values(self.cfg.graceful_timeout)  # the master warned already
+            values = _config.gunicorn_values(self.cfg.graceful_timeout)  # the master warned already
         except ConfigError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

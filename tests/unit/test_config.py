@@ -250,7 +250,7 @@ def gunicorn_values(
     graceful_timeout: float, environ: dict[str, str]
 ) -> tuple[_config.Values, list[str]]:
     pytest.importorskip("gunicorn")
-    from graceful.gunicorn import _values
+    from graceful._config import gunicorn_values as _values
 
     warnings: list[str] = []
     return _values(graceful_timeout, environ, warnings.append), warnings
