@@ -75,7 +75,6 @@ import contextvars
 import importlib
 import inspect
 import logging
-import math
 import signal
 import socket
 import threading
@@ -181,16 +180,7 @@ class Middleware:
     ) -> None:
         if not isinstance(coordinator, ShutdownCoordinator):
             raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
-        if (
-            isinstance(websocket_close_grace_s, bool)
-            or not isinstance(websocket_close_grace_s, (int, float))
-            or not math.isfinite(websocket_close_grace_s)
-            or websocket_close_grace_s < 0
-        ):
-            raise ValueError(
-                "websocket_close_grace_s must be a finite number of seconds >= 0, got "
-                f"{websocket_close_grace_s!r}"
-            )
+        _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
         self.coordinator: Final = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
         #: Route handlers that are not counted as requests (the health endpoints).

@@ -43,7 +43,6 @@ Health requests are not counted as in-flight requests.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
@@ -51,7 +50,7 @@ import anyio
 from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
-from ._policy import Phase
+from ._policy import Phase, _check_seconds
 
 __all__ = ("DrainSignal", "GracefulMiddleware", "drain_signal")
 
@@ -154,16 +153,7 @@ class GracefulMiddleware:
     ) -> None:
         if not isinstance(coordinator, ShutdownCoordinator):
             raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
-        if (
-            isinstance(websocket_close_grace_s, bool)
-            or not isinstance(websocket_close_grace_s, (int, float))
-            or not math.isfinite(websocket_close_grace_s)
-            or websocket_close_grace_s < 0
-        ):
-            raise ValueError(
-                "websocket_close_grace_s must be a finite number of seconds >= 0, got "
-                f"{websocket_close_grace_s!r}"
-            )
+        _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
         self.app = app
         self.coordinator = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
