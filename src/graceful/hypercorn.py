@@ -622,10 +622,11 @@ class _Worker:
 # ------------------------------------------------------------------- asyncio
 
 
-def _asyncio_tcp_server() -> type[Any]:
-    from hypercorn.asyncio.tcp_server import TCPServer
+def _graceful_tcp_server(base: type[Any]) -> type[Any]:
+    """A subclass of hypercorn's per-connection ``TCPServer`` (asyncio's or trio's: the
+    same public ``protocol_send``) that reports busy/idle to the worker."""
 
-    class GracefulAsyncioTCPServer(TCPServer):
+    class GracefulTCPServer(base):  # type: ignore[misc]
         graceful_connection: _Connection
 
         def __init__(self, worker: _Worker, *args: Any) -> None:
@@ -650,7 +651,14 @@ def _asyncio_tcp_server() -> type[Any]:
             async with self.send_lock:
                 await super().protocol_send(Closed())
 
-    return GracefulAsyncioTCPServer
+    GracefulTCPServer.__name__ = GracefulTCPServer.__qualname__ = f"Graceful{base.__name__}"
+    return GracefulTCPServer
+
+
+def _asyncio_tcp_server() -> type[Any]:
+    from hypercorn.asyncio.tcp_server import TCPServer
+
+    return _graceful_tcp_server(TCPServer)
 
 
 @final
@@ -827,32 +835,7 @@ class _Closer:
 def _trio_tcp_server() -> type[Any]:
     from hypercorn.trio.tcp_server import TCPServer
 
-    class GracefulTrioTCPServer(TCPServer):
-        graceful_connection: _Connection
-
-        def __init__(self, worker: _Worker, *args: Any) -> None:
-            super().__init__(*args)
-            self._graceful_worker = worker
-
-        async def protocol_send(self, event: Event) -> None:
-            if isinstance(event, Updated):
-                self.graceful_connection.busy = not event.idle  # before anything yields
-            elif isinstance(event, Closed):
-                self.graceful_connection.closing = True
-            await super().protocol_send(event)
-            if isinstance(event, Updated):
-                await self._graceful_worker.on_updated(self.graceful_connection, event.idle)
-
-        async def graceful_send(self, event: Event) -> None:
-            await super().protocol_send(event)
-
-        async def graceful_close(self) -> None:
-            # Under the send lock: no other task of the connection is mid-send when the
-            # stream is shut down (trio raises BusyResourceError in that task otherwise).
-            async with self.send_lock:
-                await super().protocol_send(Closed())
-
-    return GracefulTrioTCPServer
+    return _graceful_tcp_server(TCPServer)
 
 
 @final
