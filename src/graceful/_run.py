@@ -412,9 +412,12 @@ class _Supervisor:
             os.close(ready_w)
         worker = _Worker(proc, ready_r)
         self.workers.append(worker)
-        threading.Thread(
-            target=self._watch, args=(worker,), name=f"graceful-worker-{proc.pid}", daemon=True
-        ).start()
+        # The watcher inherits the blocked mask: a process-directed signal must reach the
+        # main thread, which waits on the queue, not a watcher (it would not wake main).
+        with _signals_blocked():
+            threading.Thread(
+                target=self._watch, args=(worker,), name=f"graceful-worker-{proc.pid}", daemon=True
+            ).start()
         return worker
 
     def _watch(self, worker: _Worker) -> None:

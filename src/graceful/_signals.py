@@ -38,8 +38,10 @@ installs nothing and the caller must use another trigger (hypercorn's
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -63,8 +65,10 @@ QUICK_SIGNALS: Final = (signal.SIGQUIT,)
 
 Schedule = Callable[[Callable[[], object]], object]
 
-_deferred: list[int] = []  # signals recorded by defer_signals, oldest first
-_deferred_lock = threading.Lock()
+# Signals recorded by defer_signals, oldest first.  A deque and no lock: the recording
+# handler runs in the main thread between two bytecodes, possibly inside take_deferred();
+# append and popleft are atomic, where a held lock would deadlock the handler.
+_deferred: collections.deque[int] = collections.deque()
 
 
 def signal_name(signum: int) -> str:
@@ -80,8 +84,7 @@ def _in_main_thread() -> bool:
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
-    with _deferred_lock:
-        _deferred.append(signum)
+    _deferred.append(signum)
 
 
 def defer_signals(signums: Iterable[int] = (*SHUTDOWN_SIGNALS, *QUICK_SIGNALS)) -> None:
@@ -101,9 +104,12 @@ def take_deferred(signums: Iterable[int]) -> list[int]:
     """Remove and return the deferred signals among ``signums``, oldest first (for a
     caller that gives up before delivering them, to re-raise them)."""
     signums = set(signums)
-    with _deferred_lock:
-        taken = [s for s in _deferred if s in signums]
-        _deferred[:] = [s for s in _deferred if s not in signums]
+    taken: list[int] = []
+    kept: list[int] = []
+    while _deferred:
+        signum = _deferred.popleft()
+        (taken if signum in signums else kept).append(signum)
+    _deferred.extendleft(reversed(kept))
     return taken
 
 
@@ -127,6 +133,49 @@ def current_schedule() -> Schedule:
             run_sync_soon: Schedule = token.run_sync_soon
             return run_sync_soon
     raise RuntimeError("catch_signals() needs a running asyncio or trio event loop")
+
+
+@contextlib.contextmanager
+def _wakeup_fd(schedule: Schedule) -> Iterator[None]:
+    """Make sure a signal wakes the running asyncio loop from any thread (see above).
+
+    Main thread only.  Keeps a wakeup fd that is already set; sets none for a ``schedule``
+    that is not the running asyncio loop's (trio sets its own; a synchronous caller such
+    as the ``--workers`` parent blocks the signals in its other threads instead).
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or schedule != loop.call_soon_threadsafe:
+        yield
+        return
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    try:
+        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        if previous != -1:  # someone already wakes the main thread: leave theirs alone
+            signal.set_wakeup_fd(previous)
+            yield
+            return
+
+        def drain() -> None:
+            with contextlib.suppress(OSError):
+                while reader.recv(4096):
+                    pass
+
+        loop.add_reader(reader.fileno(), drain)
+        try:
+            yield
+        finally:
+            loop.remove_reader(reader.fileno())
+            current = signal.set_wakeup_fd(-1)
+            if current != writer.fileno():  # replaced meanwhile (add_signal_handler): keep
+                signal.set_wakeup_fd(current)
+    finally:
+        reader.close()
+        writer.close()
 
 
 @contextlib.contextmanager
@@ -156,19 +205,17 @@ def catch_signals(
     wanted = list(dict.fromkeys(signums))
     if schedule is None:
         schedule = current_schedule()
-    pending: list[int] = []
-    lock = threading.Lock()
+    # A deque, not a list and a lock: the handler runs between two bytecodes of the main
+    # thread, possibly inside deliver(); append and popleft are atomic, a lock held by
+    # deliver() would deadlock the handler.
+    pending: collections.deque[int] = collections.deque()
 
     def deliver() -> None:
-        with lock:
-            ready = list(pending)
-            pending.clear()
-        for signum in ready:
-            on_signal(signum)
+        while pending:
+            on_signal(pending.popleft())
 
     def enqueue(signum: int) -> None:
-        with lock:
-            pending.append(signum)
+        pending.append(signum)
         with contextlib.suppress(RuntimeError):  # the loop is closing: re-raised on exit
             schedule(deliver)
 
@@ -177,16 +224,16 @@ def catch_signals(
 
     previous: dict[int, Any] = {}
     try:
-        for signum in wanted:
-            previous[signum] = signal.signal(signum, handler)
-        for signum in take_deferred(wanted):
-            enqueue(signum)
-        yield True
+        with _wakeup_fd(schedule):
+            try:
+                for signum in wanted:
+                    previous[signum] = signal.signal(signum, handler)
+                for signum in take_deferred(wanted):
+                    enqueue(signum)
+                yield True
+            finally:
+                for signum, old in previous.items():
+                    signal.signal(signum, signal.SIG_DFL if old is None else old)
     finally:
-        for signum, old in previous.items():
-            signal.signal(signum, signal.SIG_DFL if old is None else old)
-        with lock:
-            undelivered = list(pending)
-            pending.clear()
-        for signum in undelivered:
-            signal.raise_signal(signum)
+        while pending:
+            signal.raise_signal(pending.popleft())

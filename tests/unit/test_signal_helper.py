@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -170,6 +172,104 @@ async def test_signals_are_delivered_in_the_loop_in_order() -> None:
         await calls.wait_for(3)
     assert calls.got == [USR1, USR2, USR1]
     assert set(calls.threads) == {threading.get_ident()}
+
+
+def _asleep(native_id: int, syscalls: set[str]) -> bool:
+    """Whether the thread sleeps in one of ``syscalls`` (numbers, as /proc shows them)."""
+    with open(f"/proc/self/task/{native_id}/syscall") as f:
+        return f.read().split()[0] in syscalls
+
+
+EPOLL_WAIT = {"232", "281"}  # epoll_wait, epoll_pwait (x86_64)
+FUTEX = "202"  # anyio runs trio tests in guest mode: the main thread waits on a queue
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # a real clock: the loop sleeps
+async def test_a_signal_taken_by_another_thread_wakes_the_sleeping_loop(
+    anyio_backend: str,
+) -> None:
+    """The kernel may hand a process-directed signal to any thread that does not block it
+    (a default-executor thread, say).  Its C-level handler then runs in that thread; the
+    main thread, asleep in epoll_wait, must still be woken to run the Python-level
+    handler — the CI hang of 2026-11-23, where a SIGTERM sat unhandled for 15 s."""
+    delivered = threading.Event()
+    calls = Calls()
+    main = threading.get_native_id()
+    asleep_in = EPOLL_WAIT if anyio_backend == "asyncio" else {*EPOLL_WAIT, FUTEX}
+    wake_loop = current_schedule()
+    in_time: list[bool] = []
+
+    def on_signal(signum: int) -> None:
+        delivered.set()
+        calls(signum)
+
+    def other_thread() -> None:
+        deadline = time.monotonic() + 5  # bounded: if never seen asleep, send anyway
+        while not _asleep(main, asleep_in) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        signal.pthread_kill(threading.get_ident(), USR1)  # this thread takes it
+        # Stay alive (a thread's exit would wake the loop); if the signal did not wake
+        # it, nothing else would for 10 s: record that, then wake it so the test ends.
+        in_time.append(delivered.wait(5))
+        wake_loop(lambda: None)
+
+    with catch_signals([USR1], on_signal):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        try:
+            await calls.wait_for(1)
+        finally:
+            thread.join(10)
+    assert in_time == [True], "the signal did not wake the sleeping loop"
+    assert calls.got == [USR1]
+
+
+def _wakeup_fd_now() -> int:
+    fd = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
+    return fd
+
+
+async def test_catch_signals_sets_a_wakeup_fd_only_where_none_is_set(anyio_backend: Any) -> None:
+    before = _wakeup_fd_now()  # -1 on asyncio without add_signal_handler; trio's own on trio
+    with catch_signals([USR1], Calls()):
+        inside = _wakeup_fd_now()
+        assert inside != -1
+        if before != -1:
+            assert inside == before  # the one already set is kept
+    assert _wakeup_fd_now() == before  # and the block leaves no trace
+
+
+async def test_a_host_wakeup_fd_set_before_the_block_is_kept() -> None:
+    host_r, host_w = socket.socketpair()
+    host_w.setblocking(False)
+    previous = signal.set_wakeup_fd(host_w.fileno(), warn_on_full_buffer=False)
+    try:
+        with catch_signals([USR1], Calls()):
+            assert _wakeup_fd_now() == host_w.fileno()
+        assert _wakeup_fd_now() == host_w.fileno()
+    finally:
+        signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+        host_r.close()
+        host_w.close()
+
+
+async def test_a_signal_raised_by_on_signal_itself_is_delivered_too() -> None:
+    got: list[int] = []
+    done = anyio.Event()
+
+    def on_signal(signum: int) -> None:
+        got.append(signum)
+        if signum == USR1:
+            signal.raise_signal(USR2)  # the handler runs inside delivery
+        else:
+            done.set()
+
+    with catch_signals([USR1, USR2], on_signal):
+        signal.raise_signal(USR1)
+        with anyio.fail_after(10):
+            await done.wait()
+    assert got == [USR1, USR2]
 
 
 async def test_signal_pending_at_exit_in_a_running_loop_reaches_one_handler() -> None:
