@@ -102,6 +102,17 @@ class ShutdownStatistics:
             stopping: the end of stopping), or ``None`` if it has none.
         kill_deadline_in_s: Seconds until the expected SIGKILL, or ``None`` before
             shutdown was requested.
+        connections_after_shutdown: Connections opened since shutdown was requested.
+        requests_after_shutdown: Requests started since shutdown was requested.
+        connections_closed_draining: Connections that closed from the start of draining
+            on (the drain closing idle keep-alive connections, clients leaving after
+            their last response, stopping closing what was left).
+        cut_at_stopping: Requests and sessions still in flight when stopping began (the
+            work cancelled at the deadline or by an escalation); ``0`` before.
+        since_last_connection_s: Seconds since the last new connection (or reported
+            activity); ``None`` if there was none yet.
+        drain_duration_s: Seconds from the start of draining to the start of stopping;
+            ``None`` until stopping began after a drain.
     """
 
     phase: Phase
@@ -114,6 +125,12 @@ class ShutdownStatistics:
     time_in_phase_s: float
     time_left_s: float | None
     kill_deadline_in_s: float | None
+    connections_after_shutdown: int = 0
+    requests_after_shutdown: int = 0
+    connections_closed_draining: int = 0
+    cut_at_stopping: int = 0
+    since_last_connection_s: float | None = None
+    drain_duration_s: float | None = None
 
 
 def _grace_from_environment() -> float | None:
@@ -219,6 +236,10 @@ class ShutdownCoordinator(Tracking):
         self._schedule: Callable[[Callable[[], object]], object] | None = None
         self._running = False
         self._watchdog: threading.Timer | None = None
+        self._totals_at_request = (0, 0)  # connections_total, requests_total
+        self._draining_at: float | None = None
+        self._drain_duration: float | None = None
+        self._cut_at_stopping = 0
 
     # ------------------------------------------------------------------ reading
 
@@ -290,6 +311,18 @@ class ShutdownCoordinator(Tracking):
             time_in_phase_s=0.0 if self._phase_since is None else now - self._phase_since,
             time_left_s=None if deadline is None else max(0.0, deadline - now),
             kill_deadline_in_s=None if d is None else d.kill - now,
+            connections_after_shutdown=self._connections_total - self._totals_at_request[0]
+            if self._requested_at is not None
+            else 0,
+            requests_after_shutdown=self._requests_total - self._totals_at_request[1]
+            if self._requested_at is not None
+            else 0,
+            connections_closed_draining=self._closed_draining,
+            cut_at_stopping=self._cut_at_stopping,
+            since_last_connection_s=None
+            if self._last_activity_at is None
+            else now - self._last_activity_at,
+            drain_duration_s=self._drain_duration,
         )
 
     # ----------------------------------------------------------- adapter API
@@ -409,6 +442,7 @@ class ShutdownCoordinator(Tracking):
         now = self._now()
         if self._requested_at is None:
             self._requested_at = now
+            self._totals_at_request = (self._connections_total, self._requests_total)
             self._timing = True  # measure what draining will need
             self._plan(now)
         outcome: RequestOutcome = self._table.request_shutdown(
@@ -746,11 +780,16 @@ class ShutdownCoordinator(Tracking):
         self._phase, self._phase_since, self._reason = phase, now, reason
         if phase >= Phase.DRAINING and not self._draining:
             self._draining = True
+            self._draining_at = now
             d = self._deadlines
             assert d is not None
             self._drain_deadline = _deadlines.drain_by(
                 draining_at=now, drain_timeout_s=self.drain_timeout_s, stop_by=d.stop_by
             )
+        if phase is Phase.STOPPING:
+            self._cut_at_stopping = self._requests + len(self._sessions)
+            if self._draining_at is not None and previous is Phase.DRAINING:
+                self._drain_duration = now - self._draining_at
         self._nudging = phase >= Phase.DRAINING or (
             phase is Phase.ACCEPTING and self.policy.nudge_clients
         )

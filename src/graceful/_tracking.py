@@ -130,6 +130,7 @@ class Tracking:
         self._requests_total = 0
         self._connections = 0
         self._connections_total = 0
+        self._closed_draining = 0  # connections closed while draining (not stopping)
         self._sessions: set[Session] = set()
         self._last_activity_at: float | None = None
         self._zero_waiters = 0
@@ -232,6 +233,8 @@ class Tracking:
     def connection_closed(self) -> None:
         """Report that a connection reported by :meth:`connection_opened` closed."""
         self._connections -= 1
+        if self._draining:
+            self._closed_draining += 1
         if not self._connections and self._zero_waiters:
             self._notify()
 

@@ -397,3 +397,43 @@ async def test_endpoint_removal_starts_the_idle_window(virtual_time: bool) -> No
         c.notify_endpoint_removed()
         assert await c.wait_for_phase(Phase.DRAINING)
         assert anyio.current_time() - start == pytest.approx(9)
+
+
+async def test_statistics_count_what_happened_after_shutdown(virtual_time: bool) -> None:
+    """The operator's numbers (graceful.metrics reads them at scrape time)."""
+    if not virtual_time:
+        pytest.skip("exact durations need the virtual clock")
+    c = ShutdownCoordinator(policy=AcceptUntilIdle(idle_s=2), drain_timeout_s=10, grace_period_s=60)
+    c.connection_opened()  # before shutdown: not "after"
+    before = c.request_started()
+    c.request_finished(before)
+    s = c.statistics()
+    assert (s.connections_after_shutdown, s.requests_after_shutdown) == (0, 0)
+    assert s.since_last_connection_s == 0.0
+    async with anyio.create_task_group() as tg:
+        await run_in_background(tg, c)
+        c.request_shutdown("test")
+        c.connection_opened()
+        held = c.request_started()  # in flight across the drain, cut at stopping
+        c.request_started()  # finished during the drain, below
+        await anyio.sleep(1)
+        assert c.statistics().since_last_connection_s == pytest.approx(1)
+        assert await c.wait_for_phase(Phase.DRAINING, timeout_s=30)
+        draining_at = anyio.current_time()
+        c.connection_closed()  # the drain closed one idle connection
+        c.request_finished(None)
+        s = c.statistics()
+        assert (s.connections_after_shutdown, s.requests_after_shutdown) == (1, 2)
+        assert (s.connections_closed_draining, s.cut_at_stopping, s.drain_duration_s) == (
+            1,
+            0,
+            None,
+        )
+        assert await c.wait_for_phase(Phase.STOPPING, timeout_s=30)
+        s = c.statistics()
+        assert s.cut_at_stopping == 1  # the held request
+        assert s.drain_duration_s == pytest.approx(anyio.current_time() - draining_at)
+        assert s.drain_duration_s == pytest.approx(10)  # the drain timeout
+        c.request_finished(held)
+        c.connection_closed()
+    assert c.statistics().connections_closed_draining == 2
