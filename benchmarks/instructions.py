@@ -1,4 +1,5 @@
-"""Instructions per request: the ASGI app bare and through GracefulMiddleware, in-process.
+"""Instructions per request: the ASGI app bare, through GracefulMiddleware, and through the
+hot path graceful's uvicorn server uses with httptools (``_ServerApp``), in-process.
 
     python benchmarks/instructions.py [--calls 10000] [--src PATH]
 
@@ -28,7 +29,12 @@ from benchmarks.tracking import asgi_ns
 from graceful._demo.app import app
 from graceful.asgi import GracefulMiddleware
 from graceful import ShutdownCoordinator
-target = GracefulMiddleware(app, coordinator=ShutdownCoordinator()) if sys.argv[1] == "mw" else app
+target = app
+if sys.argv[1] != "app":
+    target = GracefulMiddleware(app, coordinator=ShutdownCoordinator())
+if sys.argv[1] == "server":
+    from graceful.uvicorn import _ServerApp
+    target = _ServerApp(target)
 anyio.run(asgi_ns, target, int(sys.argv[2]))
 """
 
@@ -72,11 +78,21 @@ def main() -> int:
         print("valgrind not found; install it (Debian: apt install valgrind)")
         return 1
     print(f"instructions per request, {args.calls:,} calls")
-    print(f"{'src':>40} {'bare app':>10} {'middleware':>11} {'overhead':>9}")
+    print(
+        f"{'src':>40} {'bare app':>10} {'middleware':>11} {'overhead':>9}"
+        f" {'server path':>12} {'overhead':>9}"
+    )
     for src in [ROOT / "src", *args.src]:
         bare = per_request("app", args.calls, src)
         mw = per_request("mw", args.calls, src)
-        print(f"{str(src)[-40:]:>40} {bare:10.0f} {mw:11.0f} {mw - bare:9.0f}")
+        row = f"{str(src)[-40:]:>40} {bare:10.0f} {mw:11.0f} {mw - bare:9.0f}"
+        try:
+            server = per_request("server", args.calls, src)
+        except subprocess.CalledProcessError:  # a tree without the server path
+            row += f" {'-':>12} {'-':>9}"
+        else:
+            row += f" {server:12.0f} {server - bare:9.0f}"
+        print(row)
     return 0
 
 

@@ -169,6 +169,11 @@ class GracefulMiddleware:
                     raise ValueError(f"{name} {path!r} is already used by another health endpoint")
                 self._health[path] = handler
         self._signal = DrainSignal(coordinator)
+        #: The handler of each health path (read-only; servers that take over the HTTP
+        #: hot path send these paths to the middleware).
+        self.health_endpoints: Final = self._health
+        #: The :class:`DrainSignal` put in every request's scope.
+        self.drain_signal: Final = self._signal
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
         # The hot path reads our own copy of the coordinator's nudging flag, kept
@@ -194,12 +199,11 @@ class GracefulMiddleware:
             # The hot path, kept flat.  The send wrapper is needed even while serving: a
             # request that started before SIGTERM must still nudge its client, and a cut
             # request must know whether its response started.
-            c = self.coordinator
             started = False
 
             async def wrapped_send(message: Message) -> None:
                 nonlocal started
-                if message["type"] == "http.response.start":
+                if not started and message["type"] == "http.response.start":
                     started = True
                     if self._nudging and scope.get("http_version", "1.1") not in ("2", "3"):
                         message = _with_connection_close(message)
@@ -209,8 +213,12 @@ class GracefulMiddleware:
             try:
                 await self.app(scope, receive, wrapped_send)
             except BaseException as exc:
-                if c.cutting and not started and isinstance(exc, anyio.get_cancelled_exc_class()):
-                    await self._cut(scope, send)
+                if (
+                    not started
+                    and self.coordinator.cutting
+                    and isinstance(exc, anyio.get_cancelled_exc_class())
+                ):
+                    await self.cut(scope, send)
                 raise
             finally:
                 self._request_finished(sampled)
@@ -232,7 +240,7 @@ class GracefulMiddleware:
         else:
             extensions["graceful"] = self._signal
 
-    async def _cut(self, scope: Scope, send: Send) -> None:
+    async def cut(self, scope: Scope, send: Send) -> None:
         """A request cancelled while stopping (drain deadline, escalation) whose
         response had not started: answer 503 with ``Connection: close`` rather than a
         500 or nothing.  The send runs shielded from the cancellation being delivered

@@ -31,6 +31,18 @@ subclasses of the configured protocol classes), ``Server.handle_exit``,
 ``server_state``; no uvicorn module is patched.  Works with ``http="h11"``,
 ``"httptools"`` and ``"auto"``, and with uvloop.
 
+The hot path
+------------
+With uvicorn's ``httptools`` protocol (what ``uvicorn[standard]`` picks), the server does
+the middleware's per-response work itself, so a request served while nothing is shutting
+down costs two counter updates and no wrapper around ``send``: when the coordinator
+starts nudging, every request whose response has not started gets uvicorn's own
+``keep_alive = False`` (httptools then writes ``Connection: close`` and closes after the
+response), and requests that start from then on take the middleware's full path.  A
+request cut at stopping still gets its 503 (whether its response started is read from
+uvicorn's request cycle).  With ``h11``, which writes no ``Connection: close`` for
+``keep_alive = False``, every request takes the middleware's path.
+
 Signals: SIGTERM and SIGINT request shutdown (a second one escalates, a third exits at
 once), SIGQUIT stops at once.  uvicorn re-raises captured signals after shutdown so that
 the default action runs; this server does not, so the process exits 0 after a graceful
@@ -54,7 +66,7 @@ from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
 from ._signals import catch_signals
-from .asgi import ASGIApp, GracefulMiddleware
+from .asgi import ASGIApp, GracefulMiddleware, Receive, Scope, Send
 
 __all__ = ("Server", "run", "serve")
 
@@ -124,6 +136,57 @@ class _CutRequestFilter(logging.Filter):
         )
 
 
+def _is_httptools(protocol_class: type[Any]) -> bool:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools is not installed
+        return False
+    return issubclass(protocol_class, HttpToolsProtocol)
+
+
+@final
+class _ServerApp:
+    """The middleware's HTTP hot path, with the server's help (see "The hot path").
+
+    Everything but a plain HTTP request served while not nudging goes to the middleware.
+    """
+
+    __slots__ = ("_app", "_coordinator", "_health", "_middleware", "_nudging", "_signal")
+
+    def __init__(self, middleware: GracefulMiddleware) -> None:
+        self._middleware = middleware
+        self._app = middleware.app
+        self._coordinator = middleware.coordinator
+        self._health = middleware.health_endpoints
+        self._signal = middleware.drain_signal
+        self._nudging = middleware.coordinator.nudging
+
+    def on_phase(self) -> None:
+        self._nudging = self._coordinator.nudging
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._nudging or scope["path"] in self._health:
+            await self._middleware(scope, receive, send)
+            return
+        extensions = scope.get("extensions")
+        if extensions is None:
+            scope["extensions"] = {"graceful": self._signal}
+        else:
+            extensions["graceful"] = self._signal
+        coordinator = self._coordinator
+        sampled = coordinator.request_started()
+        try:
+            await self._app(scope, receive, send)
+        except asyncio.CancelledError:
+            # ``send`` is the bound method of uvicorn's RequestResponseCycle.
+            cycle = getattr(send, "__self__", None)
+            if coordinator.cutting and not getattr(cycle, "response_started", True):
+                await self._middleware.cut(scope, send)
+            raise
+        finally:
+            coordinator.request_finished(sampled)
+
+
 @final
 class Server(uvicorn.Server):
     """A :class:`uvicorn.Server` whose shutdown follows a coordinator's policy.
@@ -168,6 +231,8 @@ class Server(uvicorn.Server):
         self._listening = True
         self._closing: asyncio.Future[Any] | None = None
         self._signals_captured = False
+        self._server_app: _ServerApp | None = None
+        self._nudged = False
         self.coordinator.subscribe(self._on_phase)
 
     # -------------------------------------------------------------- setting up
@@ -177,9 +242,14 @@ class Server(uvicorn.Server):
         if not config.loaded:
             config.load()
         if self._wrap_app:
-            config.loaded_app = GracefulMiddleware(
+            middleware = GracefulMiddleware(
                 config.loaded_app, coordinator=self.coordinator, **self._middleware_options
             )
+            if _is_httptools(config.http_protocol_class):
+                self._server_app = _ServerApp(middleware)
+                config.loaded_app = self._server_app
+            else:
+                config.loaded_app = middleware
         self._http_class = _tracking_class(config.http_protocol_class, self, counts=True)
         config.http_protocol_class = self._http_class
         if config.ws_protocol_class is not None:
@@ -285,6 +355,11 @@ class Server(uvicorn.Server):
             connection.shutdown()
 
     def _on_phase(self, phase: Phase) -> None:
+        if self._server_app is not None:
+            self._server_app.on_phase()
+            if self.coordinator.nudging and not self._nudged:
+                self._nudged = True
+                self._nudge_in_flight()
         if phase >= Phase.DRAINING:
             self._stop_listening()
             if phase is Phase.DRAINING and self._loop is not None:
@@ -307,6 +382,15 @@ class Server(uvicorn.Server):
             self.should_exit = True
             if self._wake is not None:
                 self._wake.set()
+
+    def _nudge_in_flight(self) -> None:
+        """Nudging began: requests whose response has not started close their
+        connection after it, with ``Connection: close`` (httptools writes it)."""
+        connection: Any
+        for connection in self.server_state.connections:
+            cycle = getattr(connection, "cycle", None) if self._is_http(connection) else None
+            if cycle is not None and not cycle.response_started:
+                cycle.keep_alive = False
 
     def _stop_listening(self) -> None:
         if not self._listening or self._loop is None:
