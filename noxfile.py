@@ -82,8 +82,8 @@ def tests_floor(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "examples", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "src", "tests", "examples", "benchmarks")
+    session.run("ruff", "check", "src", "tests", "examples", "benchmarks", "tools", "noxfile.py")
+    session.run("ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "tools")
 
 
 @nox.session(python="3.11")
@@ -95,6 +95,7 @@ def typing(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def docs(session: nox.Session) -> None:
     session.install("-e", ".[docs]")
+    session.run("python", "tools/gen_configuration.py", "--check")  # generated pages current
     session.run("mkdocs", "build", "--strict", "--site-dir", "site")
 
 
@@ -108,3 +109,25 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+#: docs/img/NAME.svg <- ``graceful demo --servers SERVER`` (docs/policies.md shows them).
+PLOTS = {
+    "uvicorn": "uvicorn",
+    "accept-until-idle": "graceful:accept-until-idle",
+    "serve-until-killed": "graceful:serve-until-killed",
+    "refuse-immediately": "graceful:refuse-immediately",
+}
+
+
+@nox.session(python="3.11")
+def plots(session: nox.Session) -> None:
+    """Regenerate docs/img/*.svg: a rolling restart's timeline per policy and stock uvicorn
+    (the demo's defaults; extra arguments go to each ``graceful demo``)."""
+    session.install("-e", ".[demo]")
+    Path("docs/img").mkdir(exist_ok=True)
+    for name, server in PLOTS.items():
+        session.run(
+            "python", "-m", "graceful", "demo", "--servers", server,
+            "--plot", f"docs/img/{name}.svg", *session.posargs,
+        )  # fmt: skip

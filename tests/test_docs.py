@@ -1,0 +1,207 @@
+"""The docs stay true: the generated configuration page is current, the API page lists
+every public name, and every code block is an included example or is checked here."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import itertools
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from graceful import _config, _run
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+#: The pages whose code blocks must be included examples or checked here.
+CHECKED_PAGES = (
+    "index.md",
+    "reference.md",
+    "configuration.md",
+    "api.md",
+    "asgi.md",
+    "asyncio.md",
+    "gunicorn.md",
+    "kubernetes.md",
+)
+#: The public modules, each documented on the API page with its ``__all__``.
+PUBLIC_MODULES = (
+    "graceful",
+    "graceful.asgi",
+    "graceful.uvicorn",
+    "graceful.asyncio",
+    "graceful.hypercorn",
+    "graceful.aiohttp",
+    "graceful.gunicorn",
+    "graceful.metrics",
+)
+#: Languages of blocks that are output or synopses, not something to run.
+NOT_CODE = {"text"}
+
+SNIPPET = re.compile(r'^\s*-{1,}8<-{1,}\s+"([^"]+)"\s*$', re.MULTILINE)
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def _generator() -> ModuleType:
+    path = ROOT / "tools" / "gen_configuration.py"
+    spec = importlib.util.spec_from_file_location("gen_configuration", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_configuration_page_is_generated_from_the_declarations() -> None:
+    generator = _generator()
+    committed = (DOCS / "configuration.md").read_text()
+    assert committed == generator.render(), (
+        f"docs/configuration.md is out of date; regenerate it: {generator.COMMAND}"
+    )
+
+
+def test_configuration_page_names_every_option() -> None:
+    page = (DOCS / "configuration.md").read_text()
+    for opt in _config.OPTIONS:
+        assert f"`{opt.env}`" in page
+        assert f"`{opt.flag}" in page
+
+
+def test_api_page_documents_every_public_name() -> None:
+    page = (DOCS / "api.md").read_text()
+    blocks = dict(
+        re.findall(r"^::: ([\w.]+)\n    options:\n      members: \[([^\]]*)\]", page, re.M)
+    )
+    assert sorted(blocks) == sorted(PUBLIC_MODULES)
+    for name, members in blocks.items():
+        exported = importlib.import_module(name).__all__
+        assert [m.strip() for m in members.split(",")] == list(exported), name
+
+
+def _blocks() -> Iterator[tuple[str, str, str]]:
+    for page in CHECKED_PAGES:
+        for language, body in FENCE.findall((DOCS / page).read_text()):
+            yield page, language, body
+
+
+def _includes(text: str) -> list[str]:
+    return SNIPPET.findall(text)
+
+
+@pytest.mark.parametrize("page", CHECKED_PAGES)
+def test_included_files_and_sections_exist(page: str) -> None:
+    for target in _includes((DOCS / page).read_text()):
+        path, _, section = target.partition(":")
+        text = (ROOT / path).read_text()
+        if section:
+            assert f"--8<-- [start:{section}]" in text, target
+            assert f"--8<-- [end:{section}]" in text, target
+
+
+def test_code_blocks_are_included_or_checked() -> None:
+    for page, language, body in _blocks():
+        if language in NOT_CODE or _includes(body):
+            continue
+        assert language == "bash", (
+            f"docs/{page}: a {language or 'plain'} code block that is not included from "
+            'examples/ (use --8<-- "examples/FILE:SECTION")'
+        )
+
+
+def _commands() -> Iterator[tuple[str, list[str]]]:
+    """Every shell command of the pages' bash blocks, as words."""
+    for page, language, body in _blocks():
+        if language != "bash" or _includes(body):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()  # only "  # comment" lines have a #
+            if line:
+                for command in line.split("&&"):
+                    yield page, shlex.split(command)
+
+
+def _split_environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    environ = {}
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        environ[name] = value
+    return environ, words
+
+
+def _check_graceful_run(arguments: list[str], environ: dict[str, str]) -> None:
+    if arguments[:1] == ["MODULE:APP"]:  # the synopsis
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in _config.os.environ if n.startswith(_config.ENV_PREFIX)]:
+            patch.delenv(name)
+        for name, value in environ.items():
+            patch.setenv(name, value)
+        _run.parse(arguments)  # raises ConfigError naming the bad option
+
+
+def _check_gunicorn(arguments: list[str], environ: dict[str, str]) -> None:
+    timeout = 30.0
+    for flag, value in itertools.pairwise(arguments):
+        if flag == "-k":
+            module, _, name = value.rpartition(".")
+            assert hasattr(importlib.import_module(module), name), value
+        elif flag == "-c":
+            assert (ROOT / value).is_file(), value
+        elif flag == "--graceful-timeout":
+            timeout = float(value)
+    _config.gunicorn_values(timeout, environ)
+
+
+def test_shell_commands_are_valid() -> None:
+    """``graceful run`` options and ``GRACEFUL_*`` values parse, gunicorn's worker classes
+    exist, pip extras are declared."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the extras are not checked
+        extras = None
+    else:
+        pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+        extras = pyproject["project"]["optional-dependencies"]
+    checked = 0
+    for page, words in _commands():
+        environ, words = _split_environment(words)
+        try:
+            if words[:2] == ["graceful", "run"]:
+                _check_graceful_run(words[2:], environ)
+            elif words[:3] == ["python", "-m", "graceful"] and words[3:4] == ["run"]:
+                _check_graceful_run(words[4:], environ)
+            elif words[:1] == ["gunicorn"]:
+                _check_gunicorn(words[1:], environ)
+            elif words[:2] == ["pip", "install"]:
+                for word in words[2:]:
+                    match = re.fullmatch(r"graceful-drain\[([\w,]+)\]", word)
+                    if match and extras is not None:
+                        assert set(match[1].split(",")) <= set(extras), word
+            else:
+                continue
+        except (_config.ConfigError, AssertionError, ValueError, ImportError) as exc:
+            pytest.fail(f"docs/{page}: {shlex.join(words)}: {exc}")
+        checked += 1
+    assert checked >= 5
+
+
+def test_kubernetes_example_is_valid() -> None:
+    yaml = pytest.importorskip("yaml")
+    manifest = yaml.safe_load((ROOT / "examples" / "kubernetes.yaml").read_text())
+    pod = manifest["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    environ = {item["name"]: str(item["value"]) for item in container["env"]}
+    assert container["command"][:2] == ["graceful", "run"]
+    _check_graceful_run(container["command"][2:], environ)
+    assert float(environ["GRACEFUL_GRACE_PERIOD"]) == pod["terminationGracePeriodSeconds"]
+    # Probes are connections: the quiet period must be shorter than the probe period.
+    assert float(environ["GRACEFUL_IDLE"]) < container["readinessProbe"]["periodSeconds"]
+    assert (
+        container["readinessProbe"]["httpGet"]["path"] == _config.option("readiness_path").default
+    )
+    assert container["livenessProbe"]["httpGet"]["path"] == _config.option("liveness_path").default
