@@ -386,6 +386,7 @@ def setup(
     liveness_path: str | None = "/livez",
     prestop_path: str | None = None,
     websocket_close_grace_s: float = 1.0,
+    metrics_path: str | None = None,
 ) -> Middleware:
     """Install graceful's request side on ``app`` (before it starts).
 
@@ -403,6 +404,9 @@ def setup(
             it can stop the server): requests shutdown and answers once drained, for
             Kubernetes ``lifecycle.preStop.httpGet``.
         websocket_close_grace_s: See :class:`Middleware`.
+        metrics_path: Prometheus metrics route (``None``: none, the default): the
+            coordinator's metrics and everything else in ``prometheus_client``'s
+            registry, see :mod:`graceful.metrics` (needs ``graceful-drain[metrics]``).
 
     Raises:
         ValueError: if ``app`` was set up with another coordinator, or for a bad path.
@@ -417,6 +421,7 @@ def setup(
         "readiness_path": _check_path("readiness_path", readiness_path),
         "liveness_path": _check_path("liveness_path", liveness_path),
         "prestop_path": _check_path("prestop_path", prestop_path),
+        "metrics_path": _check_path("metrics_path", metrics_path),
     }
     used = [p for p in paths.values() if p is not None]
     if len(used) != len(set(used)):
@@ -438,13 +443,35 @@ def setup(
         ("readiness", paths["readiness_path"], middleware.readiness),
         ("liveness", paths["liveness_path"], middleware.liveness),
         ("prestop", paths["prestop_path"], middleware.prestop),
+        ("metrics", paths["metrics_path"], _metrics_handler(middleware, metrics_path)),
     ):
-        if path is not None:
+        if path is not None and handler is not None:
             app.router.add_get(path, handler, name=f"graceful-{name}")
             middleware.uncounted.add(handler)
     app[DRAIN_SIGNAL_KEY] = DrainSignal(coordinator)
     app[_MIDDLEWARE_KEY] = middleware
     return middleware
+
+
+def _metrics_handler(middleware: Middleware, path: str | None) -> Handler | None:
+    """The metrics route's handler; ``graceful.metrics`` (and prometheus_client) is
+    imported only when the route is wanted."""
+    if path is None:
+        return None
+    from . import metrics
+
+    exposition = metrics.Exposition(middleware.coordinator)
+
+    async def serve_metrics(request: web.Request) -> web.StreamResponse:
+        body, content_type = exposition.render(
+            request.headers.get(hdrs.ACCEPT, ""), request.query.getall("name[]", [])
+        )
+        response = web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
+        if middleware.coordinator.nudging:
+            response.force_close()
+        return response
+
+    return serve_metrics
 
 
 def drain_signal(request: web.BaseRequest) -> DrainSignal | None:
@@ -520,8 +547,11 @@ class AppRunner(web.AppRunner):
             progress (idle keep-alive, or accepted but silent) may still send one; it
             is answered with ``Connection: close``.  Connections accepted later get the
             same window from their arrival.
-        readiness_path, liveness_path, prestop_path, websocket_close_grace_s: Passed to
-            :func:`setup` if the application was not set up yet.
+        readiness_path: Passed to :func:`setup` if the application was not set up yet.
+        liveness_path: Passed to :func:`setup` if the application was not set up yet.
+        prestop_path: Passed to :func:`setup` if the application was not set up yet.
+        websocket_close_grace_s: Passed to :func:`setup` if the application was not set up yet.
+        metrics_path: Passed to :func:`setup` if the application was not set up yet.
         kwargs: :class:`aiohttp.web.AppRunner`'s (``access_log``, ``keepalive_timeout``,
             ``shutdown_timeout`` — which bounds only :meth:`cleanup` of what the
             coordinator left, …).  ``handle_signals`` must stay ``False``: signals go to
@@ -538,6 +568,7 @@ class AppRunner(web.AppRunner):
         liveness_path: str | None = "/livez",
         prestop_path: str | None = None,
         websocket_close_grace_s: float = 1.0,
+        metrics_path: str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.pop("handle_signals", False):
@@ -555,6 +586,7 @@ class AppRunner(web.AppRunner):
             liveness_path=liveness_path,
             prestop_path=prestop_path,
             websocket_close_grace_s=websocket_close_grace_s,
+            metrics_path=metrics_path,
         )
         self._handovers = Handovers(coordinator)
         self._open: set[RequestHandler] = set()
@@ -858,6 +890,7 @@ def run_app(
     liveness_path: str | None = "/livez",
     prestop_path: str | None = None,
     websocket_close_grace_s: float = 1.0,
+    metrics_path: str | None = None,
     **kwargs: Any,
 ) -> None:
     """Like :func:`aiohttp.web.run_app`, with graceful shutdown.
@@ -875,8 +908,11 @@ def run_app(
             return.  ``False``: shutdown only through the coordinator's API (or the
             preStop route).
         idle_grace_s: See :class:`AppRunner`.
-        readiness_path, liveness_path, prestop_path, websocket_close_grace_s: See
-            :func:`setup`.
+        readiness_path: See :func:`setup`.
+        liveness_path: See :func:`setup`.
+        prestop_path: See :func:`setup`.
+        websocket_close_grace_s: See :func:`setup`.
+        metrics_path: See :func:`setup`.
         kwargs: Passed to the :class:`AppRunner` (and on to aiohttp's request handler).
     """
     if coordinator is not None and policy is not None:
@@ -915,6 +951,7 @@ def run_app(
                 "liveness_path": liveness_path,
                 "prestop_path": prestop_path,
                 "websocket_close_grace_s": websocket_close_grace_s,
+                "metrics_path": metrics_path,
                 "keepalive_timeout": keepalive_timeout,
                 "access_log_class": access_log_class,
                 "access_log_format": access_log_format,

@@ -32,12 +32,13 @@ Health endpoints (configurable paths, ``None`` disables one):
 * readiness (default ``/readyz``): 200 while serving, 503 from the moment shutdown is
   requested — health-checking load balancers deprogram the backend;
 * liveness (default ``/livez``): 200 until stopped;
+* metrics (default off, e.g. ``/metrics``): Prometheus metrics, see :mod:`graceful.metrics`;
 * preStop (default off, e.g. ``/prestop``): requests shutdown and answers only once the
   drain is done (or at the drain deadline), for Kubernetes ``lifecycle.preStop.httpGet``.
   It is off by default because anyone who can reach it can stop the server: expose it
   only on a port your ingress does not route.
 
-Health requests are not counted as in-flight requests.
+Health and metrics requests are not counted as in-flight requests.
 """
 
 from __future__ import annotations
@@ -137,6 +138,9 @@ class GracefulMiddleware:
         readiness_path: Readiness endpoint (``None``: none).
         liveness_path: Liveness endpoint (``None``: none).
         prestop_path: preStop endpoint (``None``: none; see the module docs).
+        metrics_path: Prometheus metrics endpoint (``None``: none), served by
+            :func:`graceful.metrics.asgi_app` from the default registry (needs the
+            ``metrics`` extra, ``prometheus-client``; see :mod:`graceful.metrics`).
         websocket_close_grace_s: How long a websocket may stay open after draining began
             before the middleware closes it with code 1001.
     """
@@ -150,6 +154,7 @@ class GracefulMiddleware:
         liveness_path: str | None = "/livez",
         prestop_path: str | None = None,
         websocket_close_grace_s: float = 1.0,
+        metrics_path: str | None = None,
     ) -> None:
         if not isinstance(coordinator, ShutdownCoordinator):
             raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
@@ -157,20 +162,27 @@ class GracefulMiddleware:
         self.app = app
         self.coordinator = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
-        self._health: dict[str, Callable[[Send], Awaitable[None]]] = {}
+        self._health: dict[str, ASGIApp] = {}
+        metrics: ASGIApp | None = None
+        if _check_path("metrics_path", metrics_path) is not None:
+            from . import metrics as _metrics  # the metrics extra, only when asked for
+
+            metrics = _metrics.asgi_app(coordinator)
         for name, path, handler in (
             ("readiness_path", readiness_path, self._readiness),
             ("liveness_path", liveness_path, self._liveness),
             ("prestop_path", prestop_path, self._prestop),
+            ("metrics_path", metrics_path, metrics),
         ):
             if _check_path(name, path) is not None:
                 assert path is not None
                 if path in self._health:
                     raise ValueError(f"{name} {path!r} is already used by another health endpoint")
+                assert handler is not None
                 self._health[path] = handler
         self._signal = DrainSignal(coordinator)
-        #: The handler of each health path (read-only; servers that take over the HTTP
-        #: hot path send these paths to the middleware).
+        #: The handler of each health (and metrics) path (read-only; servers that take
+        #: over the HTTP hot path send these paths to the middleware).
         self.health_endpoints: Final = self._health
         #: The :class:`DrainSignal` put in every request's scope.
         self.drain_signal: Final = self._signal
@@ -189,7 +201,7 @@ class GracefulMiddleware:
             if self._health:
                 health = self._health.get(scope["path"])
                 if health is not None:
-                    await health(send)
+                    await health(scope, receive, send)
                     return
             extensions = scope.get("extensions")
             if extensions is None:
@@ -345,7 +357,7 @@ class GracefulMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _readiness(self, send: Send) -> None:
+    async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
         c = self.coordinator
         if c.shutdown_requested:
             await self._respond(send, 503, f"shutting down ({c.phase})\n")
@@ -354,13 +366,13 @@ class GracefulMiddleware:
         else:
             await self._respond(send, 200, "ready\n")
 
-    async def _liveness(self, send: Send) -> None:
+    async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.coordinator.phase is Phase.STOPPED:
             await self._respond(send, 503, "stopped\n")
         else:
             await self._respond(send, 200, f"alive ({self.coordinator.phase})\n")
 
-    async def _prestop(self, send: Send) -> None:
+    async def _prestop(self, scope: Scope, receive: Receive, send: Send) -> None:
         c = self.coordinator
         c.request_shutdown("preStop", escalate=False)
         # The asking connection stays open, so wait for requests and sessions only.

@@ -499,7 +499,13 @@ def _make_server(
         coordinator = ShutdownCoordinator(policy=policy)
     middleware = {
         key: kwargs.pop(key)
-        for key in ("readiness_path", "liveness_path", "prestop_path", "websocket_close_grace_s")
+        for key in (
+            "readiness_path",
+            "liveness_path",
+            "prestop_path",
+            "websocket_close_grace_s",
+            "metrics_path",
+        )
         if key in kwargs
     }
     wrap_app = kwargs.pop("wrap_app", True)
@@ -517,7 +523,8 @@ async def serve(
     """Serve ``app`` with a graceful :class:`Server` in the running event loop.
 
     Keyword arguments go to :class:`uvicorn.Config`, except the middleware's
-    (``readiness_path``, ``liveness_path``, ``prestop_path``, ``websocket_close_grace_s``)
+    (``readiness_path``, ``liveness_path``, ``prestop_path``, ``websocket_close_grace_s``,
+    ``metrics_path``)
     and ``wrap_app``.
     """
     await _make_server(app, coordinator, policy, kwargs).serve()

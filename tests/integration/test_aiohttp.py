@@ -573,3 +573,47 @@ def test_rolling_restart(mode: str, options: dict[str, str], fails: bool) -> Non
         assert failed > 0, results  # stock aiohttp refuses new connections at SIGTERM
     else:
         assert failed == 0, results
+
+
+# ---------------------------------------------------------------------- metrics
+
+
+def test_metrics_route_follows_the_drain(servers: list[AiohttpServer]) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape(client: RawHTTP) -> dict[str, float]:
+        status, headers, body = client.get("/metrics")
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain; version=0.0.4")
+        return {
+            s.name + (f"[{s.labels['phase']}]" if "phase" in s.labels else ""): s.value
+            for f in text_string_to_metric_families(body.decode())
+            for s in f.samples
+        }
+
+    server = AiohttpServer(
+        [sys.executable, "-m", "tests.integration.metrics_apps.aiohttp_app", "--port", "0"]
+    )
+    servers.append(server)
+    server.port = int(server.wait_for_line(r"Running on http://127\.0\.0\.1:(\d+)")[1])
+    scraper = RawHTTP(server.port)
+    m = scrape(scraper)
+    assert m["graceful_phase[serving]"] == 1
+    assert m["graceful_requests_in_flight"] == 0  # the metrics route is not counted
+    slow = RawHTTP(server.port)
+    slow.send("/slow?s=3")
+    server.wait_for_line(r"slow request started")
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(ACCEPTING)
+    assert RawHTTP(server.port).get("/")[0] == 200
+    m = scrape(scraper)
+    assert m["graceful_phase[accepting]"] == 1
+    assert m["graceful_requests_in_flight"] == 1
+    assert m["graceful_connections_after_shutdown_total"] == 1
+    assert m["graceful_requests_after_shutdown_total"] == 1
+    server.wait_for_line(DRAINING)
+    m = scrape(scraper)
+    assert m["graceful_phase[draining]"] == 1
+    assert slow.response()[0] == 200
+    assert server.wait_exit() == 0

@@ -151,3 +151,26 @@ def test_drain_signal_is_shared_and_typed() -> None:
     signal = DrainSignal(c)
     assert drain_signal({"extensions": {"graceful": signal}}) is signal
     assert signal.time_left_s() is None
+
+
+async def test_metrics_path_serves_the_coordinators_metrics_uncounted() -> None:
+    import graceful.metrics
+
+    c = ShutdownCoordinator()
+    graceful.metrics.register(c)  # the default registry, as the middleware uses
+    try:
+        app = GracefulMiddleware(hello, coordinator=c, metrics_path="/metrics")
+        messages = await call(app, "/metrics")
+        assert messages[0]["status"] == 200
+        body = b"".join(m.get("body", b"") for m in messages[1:]).decode()
+        assert 'graceful_phase{phase="serving"} 1.0' in body
+        assert c.statistics().requests_total == 0  # not counted as a request
+        with pytest.raises(ValueError, match="metrics_path must be a path starting with '/'"):
+            GracefulMiddleware(hello, coordinator=c, metrics_path="metrics")
+        with pytest.raises(ValueError, match="already used"):
+            GracefulMiddleware(hello, coordinator=c, metrics_path="/readyz")
+    finally:
+        graceful.metrics.unregister()
+    graceful.metrics.register(ShutdownCoordinator())  # another coordinator may come now
+    graceful.metrics.unregister()
+    graceful.metrics.unregister()  # nothing left: harmless
