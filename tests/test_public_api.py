@@ -60,7 +60,8 @@ def test_concrete_classes_are_final() -> None:
 def test_import_graceful_needs_only_anyio() -> None:
     code = (
         "import sys, graceful; "
-        "bad = {'uvicorn', 'gunicorn', 'hypercorn', 'aiohttp', 'starlette', 'trio', 'prometheus_client'} "
+        "bad = {'uvicorn', 'gunicorn', 'hypercorn', 'aiohttp', 'starlette', 'trio', "
+        "'prometheus_client'} "
         "& set(sys.modules); print(sorted(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

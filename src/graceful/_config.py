@@ -14,6 +14,10 @@ of help and *where the value goes*: the policy, the coordinator, the middleware,
 gunicorn workers, the help text and :func:`build_server` are all generated from it, so
 adding an option is adding one entry.
 
+uvicorn's own options (``--reload``, ``--uds``, ``--ssl-*``, …) are not declared here:
+``graceful run`` takes them from uvicorn's command line definition (see
+:mod:`graceful._run`).  An option declared here that uvicorn has too wins over uvicorn's.
+
 Values are checked twice: each on its own by its parser (a wrong type, NaN, a negative or
 absurdly large number, an empty string, an unknown choice), then together by
 :func:`check`, which builds the policy, the coordinator and the middleware once — so
@@ -50,6 +54,7 @@ __all__ = (
     "ENV_PREFIX",
     "MAX_SECONDS",
     "OPTIONS",
+    "SERVERS",
     "ConfigError",
     "Option",
     "Values",
@@ -74,6 +79,9 @@ ENV_PREFIX: Final = "GRACEFUL_"
 MAX_SECONDS: Final = 7 * 24 * 3600.0
 
 Target = Literal["run", "uvicorn", "policy", "coordinator", "middleware"]
+
+#: The servers ``graceful run --server`` runs.
+SERVERS: Final = ("uvicorn", "hypercorn", "aiohttp")
 
 
 class ConfigError(ValueError):
@@ -206,6 +214,8 @@ class Option:
         default_text: How ``--help`` shows the default, if not the value itself.
         gunicorn: For settings gunicorn owns, what to use instead under gunicorn
             (``GRACEFUL_*`` for them is ignored there, with a warning).
+        servers: The servers of ``graceful run --server`` that take the option; given
+            with another one it is an error naming both.
     """
 
     name: str
@@ -217,6 +227,7 @@ class Option:
     help: str
     default_text: str | None = None
     gunicorn: str | None = None
+    servers: tuple[str, ...] = SERVERS
 
     @property
     def target(self) -> Target:
@@ -241,8 +252,8 @@ class Option:
 
 OPTIONS: Final[tuple[Option, ...]] = (
     Option(
-        "server", choice("uvicorn"), "uvicorn", to=("run", "server"), metavar="{uvicorn}",
-        help="the server to run",
+        "server", choice(*SERVERS), "uvicorn", to=("run", "server"),
+        metavar="{" + ",".join(SERVERS) + "}", help="the server to run",
         gunicorn="-k graceful.gunicorn.UvicornWorker",
     ),
     Option(
@@ -321,11 +332,12 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "http", choice("auto", "h11", "httptools"), "auto", to=("uvicorn", "http"),
         metavar="{auto,h11,httptools}", help="HTTP parser",
-        gunicorn="-k graceful.gunicorn.UvicornH11Worker for h11",
+        gunicorn="-k graceful.gunicorn.UvicornH11Worker for h11", servers=("uvicorn",),
     ),
     Option(
-        "loop", choice("auto", "asyncio", "uvloop"), "auto", to=("uvicorn", "loop"),
-        metavar="{auto,asyncio,uvloop}", help="event loop",
+        "loop", choice("auto", "asyncio", "uvloop", "trio"), "auto", to=("uvicorn", "loop"),
+        metavar="{auto,asyncio,uvloop,trio}",
+        help="event loop (auto: uvloop if installed; trio: hypercorn only)",
         gunicorn="-k graceful.gunicorn.UvicornH11Worker for asyncio",
     ),
     Option(
@@ -423,6 +435,8 @@ def resolve(
     *,
     overrides: Mapping[str, tuple[object, str]] | None = None,
     ignore: Collection[str] = (),
+    given_as: Mapping[str, str] | None = None,
+    fallback_env: Mapping[str, str] | None = None,
 ) -> Values:
     """Parse and check every option: command line first, then environment, then default.
 
@@ -432,23 +446,32 @@ def resolve(
         overrides: Option name to ``(value, label)`` set by the host, winning over both
             (gunicorn's ``--graceful-timeout`` is the grace period).
         ignore: Options not read from the environment (settings the host owns).
+        given_as: Option name to the label of a given option that was set under another
+            name (uvicorn's ``--timeout-graceful-shutdown`` for ``--drain-timeout``).
+        fallback_env: Option name to a variable read when ``GRACEFUL_*`` is not set
+            (``UVICORN_PORT`` for ``graceful run``).
 
     Raises:
         ConfigError: one line, naming the option as it was set.
     """
     given = given or {}
+    given_as = given_as or {}
+    fallback_env = fallback_env or {}
     environ = os.environ if environ is None else environ
     overrides = overrides or {}
     values: dict[str, Any] = {}
     labels: dict[str, str] = {}
     for opt in OPTIONS:
+        fallback = fallback_env.get(opt.name)
         if opt.name in overrides:
             values[opt.name], labels[opt.name] = overrides[opt.name]
             continue
         if opt.name in given:
-            text, label = given[opt.name], opt.flag
+            text, label = given[opt.name], given_as.get(opt.name, opt.flag)
         elif opt.env in environ and opt.name not in ignore:
             text, label = environ[opt.env], opt.env
+        elif fallback is not None and fallback in environ and opt.name not in ignore:
+            text, label = environ[fallback], fallback
         else:
             values[opt.name] = opt.default
             continue
@@ -573,6 +596,18 @@ def check(values: Values) -> None:
             f"{label('grace_period')} ({_show(grace)} s) must be greater than "
             f"{label('kill_margin')} ({_show(margin)} s): stopping begins the kill margin "
             "before SIGKILL"
+        )
+    server = values["server"]
+    for opt in OPTIONS:
+        if values.given(opt.name) and server not in opt.servers:
+            raise ConfigError(
+                f"{label(opt.name)} is not taken by {label('server')} {server} "
+                f"(only by {', '.join(opt.servers)})"
+            )
+    if values["loop"] == "trio" and server != "hypercorn":
+        raise ConfigError(
+            f"{label('loop')} trio needs --server hypercorn ({label('server')} {server} "
+            "runs on asyncio or uvloop)"
         )
     paths: dict[str, str] = {}
     for opt in OPTIONS:

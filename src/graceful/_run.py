@@ -4,6 +4,22 @@ Options come from the command line, then ``GRACEFUL_*`` variables, then defaults
 declared once in :mod:`graceful._config`; a bad value is one line naming the option and
 exit status 2, before anything starts.
 
+Ours and uvicorn's
+------------------
+``graceful run`` also takes every option of ``uvicorn`` itself — not re-declared: the
+command is built from uvicorn's own click command (``uvicorn.main.main.params``, the
+same objects, so their types, defaults, help and ``UVICORN_*`` variables are uvicorn's,
+and an option a new uvicorn adds appears by itself), and they reach
+:class:`uvicorn.Config` as ``uvicorn.main.run`` passes them.  Where both declare an
+option (``--host``, ``--port``, ``--workers``, ``--loop``, ``--http``, ``--log-level``,
+``--timeout-keep-alive``) ours wins: it applies to every ``--server``, has a
+``GRACEFUL_*`` variable and graceful's checks, and ``--workers`` is our own parent;
+uvicorn's variable for it (``UVICORN_PORT``) is still read, after ``GRACEFUL_PORT``.
+uvicorn's ``--timeout-graceful-shutdown`` is our ``--drain-timeout`` under another name.
+``--server hypercorn`` and ``--server aiohttp`` take the uvicorn options that have a
+counterpart there (:data:`SERVER_OPTIONS`); any other given one is an error naming it
+and the server.
+
 Why ``--workers`` has a parent process, and what it promises
 ------------------------------------------------------------
 With ``--workers N`` the parent binds the socket and starts N ``graceful run`` worker
@@ -45,29 +61,40 @@ bad usage, 3 if the app could not start.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
+import functools
+import importlib.util
+import inspect
 import logging
 import os
 import queue
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final
+
+import click
+from click.core import ParameterSource
 
 from . import _config
 from ._config import OPTIONS, ConfigError, Values
+from ._coordinator import ShutdownCoordinator
 from ._deadlines import DEFAULT_GRACE_PERIOD_S
 from ._signals import defer_signals, signal_name
 
-__all__ = ("build_parser", "main")
+if TYPE_CHECKING:
+    import hypercorn.config
+    import uvicorn
+
+__all__ = ("build_command", "help_text", "main", "parse")
 
 logger = logging.getLogger("graceful")
 
@@ -103,8 +130,24 @@ policies:
 {_POLICIES_HELP}
 
 environment:
-  Every option can also be set as GRACEFUL_<OPTION> (GRACEFUL_DRAIN_TIMEOUT=20);
-  the command line wins.  Booleans: true/false, 1/0, yes/no, on/off.
+  Every graceful option can also be set as GRACEFUL_<OPTION> (GRACEFUL_DRAIN_TIMEOUT=20),
+  every uvicorn option as UVICORN_<OPTION> (UVICORN_ROOT_PATH=/api); the command line
+  wins.  For the options both have (--host, --port, --loop, ...) graceful's wins, then
+  UVICORN_<OPTION> is read.  Booleans: true/false, 1/0, yes/no, on/off.
+  --timeout-graceful-shutdown is --drain-timeout; --env-file is read before GRACEFUL_*.
+
+server options:
+  uvicorn     every option above (--workers is graceful's parent; --reload runs
+              uvicorn's reloader, restarting a graceful server that drains)
+  hypercorn   --loop asyncio|uvloop|trio; --uds, --fd, --ssl-keyfile, --ssl-certfile,
+              --ssl-keyfile-password, --ssl-ca-certs, --ssl-ciphers, --ssl-cert-reqs,
+              --root-path, --[no-]access-log, --backlog, --limit-max-requests[-jitter],
+              --ws-max-size, --ws-ping-interval, --h11-max-incomplete-event-size,
+              --[no-]server-header, --[no-]date-header, --app-dir, --env-file, --factory
+  aiohttp     APP is an aiohttp.web.Application or a factory returning one;
+              --loop asyncio|uvloop; --uds, --fd, --ssl-* (as above), --[no-]access-log,
+              --backlog, --app-dir, --env-file, --factory
+  Any other uvicorn option, and --http, is an error with hypercorn and aiohttp.
 
 signals:
   SIGTERM, SIGINT  start the shutdown policy; a second one stops at once
@@ -122,50 +165,320 @@ exit status:
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (no usage block) and exit 2."""
+# ------------------------------------------------------------------ the command line
+#
+# One click command: our options (from graceful._config.OPTIONS, as raw text that
+# _config parses, so that the command line and GRACEFUL_* are checked alike), then
+# every option of uvicorn's own command (uvicorn.main.main.params, the same click
+# objects: types, flags, defaults and UVICORN_* variables are uvicorn's), less those
+# we own.  A new uvicorn option appears here by itself.
 
-    def error(self, message: str) -> NoReturn:
-        raise ConfigError(message)
+#: uvicorn's options that ``graceful run`` leaves out: ``--version`` prints uvicorn's.
+_LEFT_OUT: Final = frozenset({"version"})
+#: uvicorn's option that is our ``--drain-timeout`` under another name.
+_DRAIN_ALIAS: Final = "timeout_graceful_shutdown"
+#: The uvicorn options that the other servers take too (by uvicorn's name); any other
+#: one given with ``--server hypercorn`` or ``aiohttp`` is an error naming both.
+SERVER_OPTIONS: Final[dict[str, frozenset[str]]] = {
+    "hypercorn": frozenset({
+        "uds", "fd", "ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs",
+        "ssl_ciphers", "ssl_cert_reqs", "root_path", "access_log", "backlog", "app_dir",
+        "env_file", "factory", "limit_max_requests", "limit_max_requests_jitter",
+        "ws_max_size", "ws_ping_interval", "h11_max_incomplete_event_size", "server_header",
+        "date_header", _DRAIN_ALIAS,
+    }),
+    "aiohttp": frozenset({
+        "uds", "fd", "ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs",
+        "ssl_ciphers", "ssl_cert_reqs", "access_log", "backlog", "app_dir", "env_file",
+        "factory", _DRAIN_ALIAS,
+    }),
+}  # fmt: skip
+#: uvicorn's options and the hypercorn ``Config`` attributes they set (when given).
+HYPERCORN_SETTINGS: Final = {
+    "ssl_keyfile": "keyfile",
+    "ssl_certfile": "certfile",
+    "ssl_keyfile_password": "keyfile_password",
+    "ssl_ca_certs": "ca_certs",
+    "ssl_ciphers": "ciphers",
+    "ssl_cert_reqs": "verify_mode",
+    "root_path": "root_path",
+    "backlog": "backlog",
+    "limit_max_requests": "max_requests",
+    "limit_max_requests_jitter": "max_requests_jitter",
+    "ws_max_size": "websocket_max_message_size",
+    "ws_ping_interval": "websocket_ping_interval",
+    "h11_max_incomplete_event_size": "h11_max_incomplete_size",
+    "server_header": "include_server_header",
+    "date_header": "include_date_header",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``graceful run`` argument parser (values are parsed by :mod:`graceful._config`)."""
-    parser = _Parser(
-        prog="graceful run",
-        description="Serve an ASGI app; lose no request when it is restarted.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        allow_abbrev=False,  # an abbreviation would change meaning as options are added
-    )
-    parser.add_argument("app", metavar="MODULE:APP", help="the ASGI app, e.g. myapp:app")
+#: The options of a ``--workers`` worker (see :func:`_our_params`).
+_HIDDEN: Final = ("--worker-fd", "--ready-fd", "--parent-pid")
+
+
+def _uvicorn_command() -> click.Command | None:
+    """uvicorn's own command, or ``None`` if uvicorn is not installed."""
+    try:
+        from uvicorn.main import main as uvicorn_main
+    except ImportError:
+        return None
+    return uvicorn_main
+
+
+def _uvicorn_params() -> list[click.Parameter]:
+    """uvicorn's own options, less those ``graceful run`` owns or leaves out."""
+    command = _uvicorn_command()
+    ours = {opt.name for opt in OPTIONS}
+    return [
+        p
+        for p in (command.params if command is not None else [])
+        if isinstance(p, click.Option) and p.name not in ours and p.name not in _LEFT_OUT
+    ]
+
+
+def shared_options() -> list[str]:
+    """Our options that uvicorn's command has too: ours win (see the module docs)."""
+    command = _uvicorn_command()
+    theirs = {p.name for p in command.params} if command is not None else set()
+    return [opt.name for opt in OPTIONS if opt.name in theirs]
+
+
+def _our_params() -> list[click.Parameter]:
+    params: list[click.Parameter] = [
+        click.Argument(["app"], required=False, metavar="MODULE:APP"),
+    ]
     for opt in OPTIONS:
-        parser.add_argument(
-            opt.flag,
-            dest=opt.name,
-            metavar=opt.metavar,
-            default=None,
-            help=f"{opt.help} [default: {_config.help_default(opt)}; env {opt.env}]",
+        params.append(
+            click.Option(
+                [opt.flag, opt.name],
+                type=str,
+                default=None,
+                metavar=opt.metavar,
+                help=f"{opt.help} [default: {_config.help_default(opt)}; env {opt.env}]",
+                allow_from_autoenv=False,  # GRACEFUL_* is read by _config
+            )
         )
     # A worker of a --workers parent: the listening socket, the pipe that says it
     # serves, the parent it must not outlive.
-    for hidden in ("--worker-fd", "--ready-fd", "--parent-pid"):
-        parser.add_argument(hidden, type=int, default=None, help=argparse.SUPPRESS)
-    return parser
+    for hidden in _HIDDEN:
+        params.append(click.Option([hidden], type=int, hidden=True, allow_from_autoenv=False))
+    return params
 
 
-def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, Values]:
+def _write_options(
+    formatter: click.HelpFormatter, title: str, records: list[tuple[str, str]]
+) -> None:
+    formatter.write(f"\n{title}\n")
+    for flags, text in records:
+        formatter.write(f"  {flags}\n")
+        if text:
+            formatter.write(
+                textwrap.fill(
+                    text,
+                    88,
+                    initial_indent="      ",
+                    subsequent_indent="      ",
+                    break_on_hyphens=False,
+                )
+                + "\n"
+            )
+
+
+class _Command(click.Command):
+    """``graceful run``: our options, then uvicorn's, then the notes (unwrapped)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        ours = {opt.name for opt in OPTIONS} | {"help"}
+        own: list[tuple[str, str]] = []
+        theirs: list[tuple[str, str]] = []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx) if isinstance(param, click.Option) else None
+            if record is None:
+                continue
+            if param.name == _DRAIN_ALIAS:
+                record = (record[0], "graceful: the same as --drain-timeout")
+            (own if param.name in ours else theirs).append(record)
+        _write_options(formatter, "graceful options:", own)
+        if theirs:
+            _write_options(
+                formatter,
+                "uvicorn options (uvicorn's own; see 'server options' below):",
+                theirs,
+            )
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write("\n" + EPILOG)
+
+
+def build_command() -> click.Command:
+    """The ``graceful run`` command (values are parsed by :mod:`graceful._config`)."""
+    return _Command(
+        "graceful run",
+        params=[*_our_params(), *_uvicorn_params()],
+        help="Serve an ASGI app (or an aiohttp app); lose no request when it is restarted.",
+        add_help_option=True,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+
+
+def help_text() -> str:
+    """``graceful run --help``."""
+    command = build_command()
+    with click.Context(command, info_name="graceful run") as ctx:
+        return command.get_help(ctx)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A parsed ``graceful run`` command line.
+
+    Attributes:
+        app: ``MODULE:APP``.
+        values: Our options, checked.
+        uvicorn: uvicorn's options by name (defaults included), as uvicorn's command
+            parsed them.
+        given: uvicorn's options that were set, with how: ``--reload`` or
+            ``UVICORN_RELOAD``.
+    """
+
+    app: str
+    values: Values
+    uvicorn: dict[str, Any]
+    given: dict[str, str]
+    worker_fd: int | None = None
+    ready_fd: int | None = None
+    parent_pid: int | None = None
+
+    @property
+    def server(self) -> str:
+        return str(self.values["server"])
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A uvicorn option's value (``default`` if uvicorn is not installed)."""
+        return self.uvicorn.get(name, default)
+
+
+class HelpShown(Exception):
+    """``--help`` was printed; the exit status is 0."""
+
+
+def _label(ctx: click.Context, param: click.Parameter) -> str:
+    if ctx.get_parameter_source(param.name or "") is ParameterSource.ENVIRONMENT:
+        envvar = param.envvar or f"{ctx.auto_envvar_prefix}_{(param.name or '').upper()}"
+        return envvar if isinstance(envvar, str) else envvar[0]
+    return param.opts[0]
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Invocation:
     """Parse the command line and the environment.
+
+    Args:
+        argv: The arguments after ``graceful run``.
+        environ: Where ``GRACEFUL_*`` (and ``UVICORN_*`` for the options we share) are
+            read (default: :data:`os.environ`); uvicorn's own options read ``UVICORN_*``
+            from :data:`os.environ`, through click.
 
     Raises:
         ConfigError: one line naming the option.
+        HelpShown: after printing ``--help``.
     """
-    args = build_parser().parse_args(argv)
-    given = {opt.name: getattr(args, opt.name) for opt in OPTIONS}
-    values = _config.resolve({k: v for k, v in given.items() if v is not None})
-    if ":" not in args.app:
-        raise ConfigError(f"MODULE:APP must look like 'package.module:app', got {args.app!r}")
-    return args, values
+    environ = os.environ if environ is None else environ
+    command = build_command()
+    try:
+        ctx = command.make_context("graceful run", list(argv), auto_envvar_prefix="UVICORN")
+    except click.exceptions.Exit as exc:
+        if exc.exit_code == 0:
+            raise HelpShown from None
+        raise ConfigError(f"exit status {exc.exit_code}") from None
+    except click.NoSuchOption as exc:
+        shown = click.NoSuchOption(
+            exc.option_name, possibilities=[p for p in exc.possibilities or () if p not in _HIDDEN]
+        )
+        raise ConfigError(" ".join(shown.format_message().split())) from None
+    except click.BadParameter as exc:
+        message = " ".join(exc.format_message().split())
+        param = exc.param
+        if isinstance(param, click.Option) and not set(param.opts) & set(argv):
+            envvar = f"UVICORN_{(param.name or '').upper()}"
+            if envvar in environ:  # click names the option, not the variable
+                message = f"{envvar}: {message}"
+        raise ConfigError(message) from None
+    except click.ClickException as exc:
+        raise ConfigError(" ".join(exc.format_message().split())) from None
+    params = dict(ctx.params)
+    app = params.pop("app")
+    worker_fd, ready_fd, parent_pid = (
+        params.pop(n) for n in ("worker_fd", "ready_fd", "parent_pid")
+    )
+    ours = {opt.name: params.pop(opt.name) for opt in OPTIONS}
+    uvicorn_params = {p.name: p for p in command.params if p.name in params}
+    given = {
+        name: _label(ctx, param)
+        for name, param in uvicorn_params.items()
+        if ctx.get_parameter_source(name)
+        in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
+    if params.get("env_file"):
+        _load_env_file(params["env_file"], given["env_file"])
+    text = {name: value for name, value in ours.items() if value is not None}
+    given_as: dict[str, str] = {}
+    # uvicorn's variables for the options we share: after GRACEFUL_*, before the default.
+    fallback = {name: f"UVICORN_{name.upper()}" for name in shared_options()}
+    alias = given.get(_DRAIN_ALIAS)
+    if alias is not None and params[_DRAIN_ALIAS] is not None:
+        if not alias.startswith("--"):
+            fallback["drain_timeout"] = alias
+        elif "drain_timeout" in text:
+            raise ConfigError(
+                f"{alias} and --drain-timeout are the same setting (the longest drain); give one"
+            )
+        else:
+            text["drain_timeout"] = str(params[_DRAIN_ALIAS])
+            given_as["drain_timeout"] = alias
+    values = _config.resolve(text, environ, given_as=given_as, fallback_env=fallback)
+    if app is None:
+        raise ConfigError("the argument MODULE:APP is required (e.g. myapp:app)")
+    if ":" not in app:
+        raise ConfigError(f"MODULE:APP must look like 'package.module:app', got {app!r}")
+    invocation = Invocation(app, values, params, given, worker_fd, ready_fd, parent_pid)
+    _check(invocation)
+    return invocation
+
+
+def _load_env_file(path: str, label: str) -> None:
+    """Load ``--env-file`` before ``GRACEFUL_*`` is read (uvicorn loads it again, which
+    changes nothing: variables already set are kept)."""
+    try:
+        from dotenv import load_dotenv
+    except ImportError:
+        raise ConfigError(f"{label} needs python-dotenv (pip install python-dotenv)") from None
+    load_dotenv(path)
+
+
+def _check(inv: Invocation) -> None:
+    """The checks between uvicorn's options, ours and the server."""
+    server = inv.server
+    if server != "uvicorn":
+        for name, label in inv.given.items():
+            if name not in SERVER_OPTIONS[server]:
+                raise ConfigError(
+                    f"{label} is not taken by {inv.values.label('server')} {server} "
+                    "(a uvicorn option with no counterpart there)"
+                )
+    for header in inv.option("headers", ()):
+        if ":" not in header:
+            raise ConfigError(f"--header: must be NAME:VALUE, got {header!r}")
+    if inv.option("reload") and inv.values["workers"] > 1:
+        raise ConfigError(
+            f"{inv.given.get('reload', '--reload')} and {inv.values.label('workers')} "
+            f"{inv.values['workers']} cannot be combined (reload runs one worker)"
+        )
+    if inv.option("uds") is not None and inv.option("fd") is not None:
+        raise ConfigError(f"{inv.given['uds']} and {inv.given['fd']}: give one")
+
+
+# -------------------------------------------------------------------- one server
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,33 +494,54 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"graceful: parent {parent} is gone; not starting", file=sys.stderr)
             return EXIT_FAILED
     try:
-        args, values = parse(argv)
-        logging.basicConfig(
-            level=logging.DEBUG if values["log_level"] in ("debug", "trace") else logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-        if args.worker_fd is not None:
-            return _serve_one(args, values)
-        _check_address(values)
-        if values["workers"] > 1:
-            return _serve_workers(values, argv)
-        return _serve_one(args, values)
+        inv = parse(argv)
+        _configure_logging(inv.values)
+        sys.path.insert(0, inv.option("app_dir") or os.getcwd())
+        if inv.worker_fd is not None:
+            return _serve_one(inv)
+        if inv.option("uds") is None and inv.option("fd") is None:
+            _check_address(inv.values)
+        if inv.values["workers"] > 1:
+            return _serve_workers(inv, argv)
+        try:
+            return _serve_one(inv)
+        finally:
+            _remove_uds(inv)
+    except HelpShown:
+        return EXIT_OK
     except ConfigError as exc:
         print(f"graceful run: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
 
 
-# -------------------------------------------------------------------- one server
+def _configure_logging(values: Values) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if values["log_level"] in ("debug", "trace") else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
-def _serve_one(args: argparse.Namespace, values: Values) -> int:
-    import uvicorn
+def _remove_uds(inv: Invocation) -> None:
+    """As uvicorn: the process that bound ``--uds`` removes it at exit."""
+    path = inv.option("uds")
+    if path is not None and inv.worker_fd is None:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
-    ready_fd: int | None = args.ready_fd
+
+def _serve_one(inv: Invocation) -> int:
+    if inv.server == "hypercorn":
+        return _serve_hypercorn(inv)
+    if inv.server == "aiohttp":
+        return _serve_aiohttp(inv)
+    return _serve_uvicorn(inv)
+
+
+def _ready_notifier(inv: Invocation) -> Callable[[], Awaitable[None]]:
+    """Tell a ``--workers`` parent, once, that this worker serves."""
+    ready_fd = inv.ready_fd
 
     async def notify_ready() -> None:
-        # uvicorn calls this at its first tick once it listens (and every
-        # timeout_notify seconds after): tell the parent once.
         nonlocal ready_fd
         if ready_fd is not None:
             with contextlib.suppress(OSError):
@@ -215,22 +549,244 @@ def _serve_one(args: argparse.Namespace, values: Values) -> int:
                 os.close(ready_fd)
             ready_fd = None
 
-    sys.path.insert(0, os.getcwd())
-    extra: dict[str, Any] = {}
-    if ready_fd is not None:
-        extra = {"callback_notify": notify_ready, "timeout_notify": 3600}
-    config = uvicorn.Config(args.app, **_config.uvicorn_kwargs(values), **extra)
+    return notify_ready
+
+
+def _worker_socket(inv: Invocation) -> socket.socket | None:
+    return None if inv.worker_fd is None else socket.socket(fileno=inv.worker_fd)
+
+
+def _coordinator(inv: Invocation) -> ShutdownCoordinator:
     # The process is ours: a third signal exits at once, and a server that does not
     # stop by the kill deadline is ended just before it.
-    server = _config.build_server(values, config, exit_on_third_request=True, hard_exit=True)
-    sockets = None if args.worker_fd is None else [socket.socket(fileno=args.worker_fd)]
+    kwargs = _config.coordinator_kwargs(inv.values, exit_on_third_request=True, hard_exit=True)
+    return ShutdownCoordinator(**kwargs)
+
+
+def _not_started(exc: BaseException) -> int:
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"graceful run: the app failed to start: {reason}", file=sys.stderr, flush=True)
+    return EXIT_NOT_STARTED
+
+
+# ------------------------------------------------------------------------ uvicorn
+
+
+def uvicorn_config(inv: Invocation, **extra: Any) -> uvicorn.Config:
+    """The :class:`uvicorn.Config` of ``inv``: uvicorn's options as uvicorn's own
+    command passes them (``uvicorn.main.main``), then ours, then ``extra``."""
+    import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
+
+    accepted = inspect.signature(uvicorn.Config).parameters
+    kwargs: dict[str, Any] = {}
+    for name, value in inv.uvicorn.items():
+        if name not in accepted:
+            continue  # handled here (app_dir) or not a setting of the server (reload_*…)
+        kwargs[name] = list(value) or None if isinstance(value, tuple) else value
+    if kwargs.get("headers"):
+        kwargs["headers"] = [tuple(h.split(":", 1)) for h in kwargs["headers"]]
+    if "log_config" in kwargs and kwargs["log_config"] is None:
+        kwargs["log_config"] = LOGGING_CONFIG
+    if _DRAIN_ALIAS in kwargs:
+        kwargs[_DRAIN_ALIAS] = None  # our --drain-timeout (the coordinator) bounds it
+    kwargs.update(_config.uvicorn_kwargs(inv.values), **extra)
+    return uvicorn.Config(inv.app, **kwargs)
+
+
+def _serve_uvicorn(inv: Invocation) -> int:
+    extra: dict[str, Any] = {}
+    if inv.ready_fd is not None:
+        # uvicorn calls it at its first tick once it listens (and every timeout_notify
+        # seconds after): the parent is told once.
+        extra = {"callback_notify": _ready_notifier(inv), "timeout_notify": 3600}
+    config = uvicorn_config(inv, **extra)
+    if config.should_reload and inv.worker_fd is None:
+        return _serve_reload(inv, config)
+    server = _config.build_server(inv.values, config, exit_on_third_request=True, hard_exit=True)
+    sock = _worker_socket(inv)
     try:
-        server.run(sockets=sockets)
+        server.run(sockets=None if sock is None else [sock])
     except SystemExit:
         if server.started:
             raise
         # uvicorn exits 1 when it cannot import the app: that is our status 3.
     return EXIT_OK if server.started else EXIT_NOT_STARTED
+
+
+def _serve_reload(inv: Invocation, config: uvicorn.Config) -> int:
+    """``--reload``: uvicorn's reloader (watchfiles, else polling) in this process, our
+    server in the process it restarts; a restart drains the old one by the policy."""
+    from uvicorn.supervisors import ChangeReload
+
+    sock = config.bind_socket()
+    # Listening from now on: a connection made while a server restarts waits in the
+    # backlog for the next one instead of being refused.
+    sock.listen(config.backlog)
+    target = functools.partial(_serve_reloaded, inv.values, config)
+    ChangeReload(config, target=target, sockets=[sock]).run()
+    return EXIT_OK
+
+
+def _serve_reloaded(values: Values, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+    """The target of the reloader's process (pickled: module level)."""
+    _configure_logging(values)
+    server = _config.build_server(values, config, exit_on_third_request=True, hard_exit=True)
+    server.run(sockets=sockets)
+
+
+# ---------------------------------------------------------------------- hypercorn
+
+
+def hypercorn_config(inv: Invocation) -> hypercorn.config.Config:
+    """The hypercorn ``Config`` of ``inv``: our options and uvicorn's that apply."""
+    from hypercorn.config import Config
+
+    values = inv.values
+    config = Config()
+    if inv.option("uds") is not None:
+        config.bind = [f"unix:{inv.option('uds')}"]
+    elif inv.option("fd") is not None:
+        config.bind = [f"fd://{inv.option('fd')}"]
+    else:
+        host = values["host"]
+        config.bind = [f"[{host}]:{values['port']}" if ":" in host else f"{host}:{values['port']}"]
+    config.keep_alive_timeout = values["timeout_keep_alive"]
+    config.loglevel = values["log_level"].upper().replace("TRACE", "DEBUG")
+    config.accesslog = "-" if inv.option("access_log", True) else None
+    config.worker_class = _loop(values)
+    for name, attribute in HYPERCORN_SETTINGS.items():
+        if name in inv.given:
+            setattr(config, attribute, inv.option(name))
+    return config
+
+
+def _loop(values: Values) -> str:
+    """``auto`` is uvloop if it is installed, as with uvicorn."""
+    loop = str(values["loop"])
+    if loop != "auto":
+        return loop
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
+
+
+def _serve_hypercorn(inv: Invocation) -> int:
+    from hypercorn.config import Sockets
+
+    from .hypercorn import run
+
+    config = hypercorn_config(inv)
+    coordinator = _coordinator(inv)
+    served = False
+
+    async def started() -> None:  # the coordinator runs once the listeners are up
+        nonlocal served
+        served = True
+        await _ready_notifier(inv)()
+
+    coordinator.start_background(started)
+    sockets = None
+    sock = _worker_socket(inv)
+    if sock is not None:
+        secure = config.ssl_enabled
+        sockets = Sockets(
+            secure_sockets=[sock] if secure else [],
+            insecure_sockets=[] if secure else [sock],
+            quic_sockets=[],
+        )
+    app = inv.app + "()" if inv.option("factory") else inv.app
+    try:
+        run(
+            app,
+            config,
+            coordinator=coordinator,
+            sockets=sockets,
+            **_config.middleware_kwargs(inv.values),
+        )
+    except Exception as exc:
+        if served:
+            raise
+        return _not_started(exc)
+    return EXIT_OK if served else EXIT_NOT_STARTED
+
+
+# ------------------------------------------------------------------------ aiohttp
+
+
+def _ssl_context(inv: Invocation) -> ssl.SSLContext | None:
+    """uvicorn's ``--ssl-*`` options as an :class:`ssl.SSLContext` (aiohttp)."""
+    certfile = inv.option("ssl_certfile")
+    if certfile is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certfile, inv.option("ssl_keyfile"), inv.option("ssl_keyfile_password"))
+    context.verify_mode = ssl.VerifyMode(inv.option("ssl_cert_reqs", ssl.CERT_NONE))
+    if inv.option("ssl_ca_certs"):
+        context.load_verify_locations(inv.option("ssl_ca_certs"))
+    if "ssl_ciphers" in inv.given:
+        context.set_ciphers(inv.option("ssl_ciphers"))
+    return context
+
+
+def _serve_aiohttp(inv: Invocation) -> int:
+    import asyncio
+
+    from .aiohttp import load_app, run_app
+
+    values = inv.values
+    try:
+        app = load_app(inv.app)
+    except (ImportError, ValueError, TypeError) as exc:
+        return _not_started(exc)
+    try:
+        ssl_context = _ssl_context(inv)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--ssl-certfile/--ssl-keyfile: {exc}") from None
+    coordinator = _coordinator(inv)
+    served = False
+
+    async def started() -> None:  # the coordinator runs once the sites listen
+        nonlocal served
+        served = True
+        await _ready_notifier(inv)()
+
+    coordinator.start_background(started)
+    where: dict[str, Any]
+    sock = _worker_socket(inv)
+    if sock is not None:
+        where = {"sock": sock}
+    elif inv.option("uds") is not None:
+        where = {"path": inv.option("uds")}
+    elif inv.option("fd") is not None:
+        where = {"sock": socket.socket(fileno=inv.option("fd"))}
+    else:
+        where = {"host": values["host"], "port": values["port"]}
+    options: dict[str, Any] = {"keepalive_timeout": values["timeout_keep_alive"]}
+    if "backlog" in inv.given:
+        options["backlog"] = inv.option("backlog")
+    if not inv.option("access_log", True):
+        options["access_log"] = None
+    loop: asyncio.AbstractEventLoop
+    if _loop(values) == "uvloop":
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    try:
+        run_app(
+            app,
+            coordinator=coordinator,
+            ssl_context=ssl_context,
+            loop=loop,
+            **where,
+            **options,
+            **_config.middleware_kwargs(values),
+        )
+    except Exception as exc:
+        if served:
+            raise
+        return _not_started(exc)
+    return EXIT_OK if served else EXIT_NOT_STARTED
 
 
 def _die_with_parent(parent_pid: int) -> bool:
@@ -317,12 +873,48 @@ def _check_address(values: Values) -> None:
 # ---------------------------------------------------------------------- workers
 
 
-def _serve_workers(values: Values, argv: Sequence[str]) -> int:
-    family, _, _, _, address = _addresses(values)[0]
-    sock = _bind(values, family, address)
-    sock.listen(2048)
+def _listener(inv: Invocation) -> socket.socket:
+    """The socket the workers share: ``--uds``, ``--fd`` or ``--host``/``--port``."""
+    values = inv.values
+    path, fd = inv.option("uds"), inv.option("fd")
+    if fd is not None:
+        try:
+            return socket.socket(fileno=fd)
+        except OSError as exc:
+            raise ConfigError(f"{inv.given['fd']}: {fd} is not a socket ({exc.strerror})") from None
+    if path is not None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            os.chmod(path, 0o666)  # as uvicorn
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(
+                f"{inv.given['uds']}: cannot bind {path!r} ({exc.strerror})"
+            ) from None
+    else:
+        family, _, _, _, address = _addresses(values)[0]
+        sock = _bind(values, family, address)
+    sock.listen(inv.option("backlog", 2048))
+    return sock
+
+
+def _serve_workers(inv: Invocation, argv: Sequence[str]) -> int:
+    sock = _listener(inv)
     command = [sys.executable, "-m", "graceful", "run", *argv]
-    return _Supervisor(sock, command, values["workers"], values["grace_period"]).run()
+    values = inv.values
+    try:
+        return _Supervisor(sock, command, values["workers"], values["grace_period"]).run()
+    finally:
+        _remove_uds(inv)
+
+
+def _where(sock: socket.socket) -> str:
+    address = sock.getsockname()
+    if sock.family == socket.AF_UNIX:
+        return f"unix socket {address}"
+    host = f"[{address[0]}]" if sock.family == socket.AF_INET6 else address[0]
+    return f"http://{host}:{address[1]}"
 
 
 def _describe(status: int) -> str:
@@ -371,15 +963,14 @@ class _Supervisor:
         with catch_signals(PARENT_SIGNALS, self._on_signal, schedule=self.tasks.put):
             for _ in range(self.count):
                 self._spawn()
-            host, port = self.sock.getsockname()[:2]
+            where = _where(self.sock)
             logger.info(
-                "listening on %s:%d with %d workers (pids %s)",
-                host,
-                port,
+                "listening on %s with %d workers (pids %s)",
+                where,
                 self.count,
                 ", ".join(str(w.proc.pid) for w in self.workers),
             )
-            print(f"graceful: listening on http://{host}:{port}", flush=True)
+            print(f"graceful: listening on {where}", flush=True)
             while self.workers:
                 timeout = None
                 if self.deadline is not None:

@@ -229,7 +229,7 @@ def test_build_server_uses_every_value() -> None:
 
 
 def test_help_shows_real_defaults() -> None:
-    text = " ".join(_run.build_parser().format_help().split())
+    text = " ".join(_run.help_text().split())
     assert "[default: 2 with accept-until-idle; env GRACEFUL_IDLE]" in text
     assert "default: 30 with accept-until-idle, none with serve-until-killed" in text
     for opt in OPTIONS:
@@ -238,7 +238,7 @@ def test_help_shows_real_defaults() -> None:
 
 
 def test_every_policy_is_explained_in_the_help() -> None:
-    text = _run.build_parser().format_help()
+    text = _run.help_text()
     assert set(_run.POLICY_HELP) == set(POLICIES)
     assert all(re.search(rf"^  {name}: ", text, re.M) for name in _run.POLICY_HELP)
 
@@ -290,7 +290,8 @@ def test_gunicorn_ignores_the_settings_it_owns_even_when_bad() -> None:
 def test_the_reference_documents_every_option() -> None:
     from pathlib import Path
 
-    reference = (Path(__file__).parents[2] / "docs" / "reference.md").read_text()
+    # The option table is generated from OPTIONS (tools/gen_configuration.py).
+    reference = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     rows = {
         line.split("`")[1].split()[0]: line
         for line in reference.splitlines()
@@ -300,3 +301,82 @@ def test_the_reference_documents_every_option() -> None:
         row = rows.get(opt.flag, "")
         assert f"`{opt.env}`" in row, opt.flag
         assert f"| {_config.help_default(opt)} |" in row, opt.flag
+
+
+# ------------------------------------------------------- graceful run's command line
+
+
+def test_uvicorn_options_come_from_uvicorns_own_command() -> None:
+    from uvicorn.main import main as uvicorn_main
+
+    names = {p.name for p in _run.build_command().params}
+    theirs = {p.name for p in uvicorn_main.params if p.name not in ("app", "version")}
+    assert theirs <= names  # a new uvicorn option appears by itself
+    assert set(_run.shared_options()) >= {"host", "port", "workers", "loop", "log_level"}
+    flags = [f for p in _run.build_command().params for f in getattr(p, "opts", [])]
+    assert len(flags) == len(set(flags))  # nothing declared twice
+
+
+def test_timeout_graceful_shutdown_is_the_drain_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = _run.parse(["m:app", "--timeout-graceful-shutdown", "7"], {})
+    assert (inv.values["drain_timeout"], inv.values.label("drain_timeout")) == (
+        7.0,
+        "--timeout-graceful-shutdown",
+    )
+    assert _run.uvicorn_config(inv).timeout_graceful_shutdown is None
+    # uvicorn's variables are read by click, from the process's environment.
+    monkeypatch.setenv("UVICORN_TIMEOUT_GRACEFUL_SHUTDOWN", "8")
+    inv = _run.parse(["m:app"], {"UVICORN_TIMEOUT_GRACEFUL_SHUTDOWN": "8"})
+    assert (inv.values["drain_timeout"], inv.values.label("drain_timeout")) == (
+        8.0,
+        "UVICORN_TIMEOUT_GRACEFUL_SHUTDOWN",
+    )
+    inv = _run.parse(
+        ["m:app"], {"UVICORN_TIMEOUT_GRACEFUL_SHUTDOWN": "8", "GRACEFUL_DRAIN_TIMEOUT": "9"}
+    )
+    assert inv.values["drain_timeout"] == 9.0
+
+
+def test_shared_options_read_uvicorn_variables_after_ours() -> None:
+    assert _run.parse(["m:app"], {"UVICORN_PORT": "9001"}).values["port"] == 9001
+    inv = _run.parse(["m:app"], {"UVICORN_PORT": "9001", "GRACEFUL_PORT": "9002"})
+    assert inv.values["port"] == 9002
+    assert _run.parse(["m:app", "--port", "9003"], {"UVICORN_PORT": "9001"}).values["port"] == 9003
+
+
+def test_uvicorn_config_takes_uvicorns_options_then_ours() -> None:
+    inv = _run.parse(
+        ["m:app", "--root-path", "/api", "--header", "x-a: 1", "--no-access-log",
+         "--limit-concurrency", "5", "--http", "h11", "--port", "9000"],
+        {},
+    )  # fmt: skip
+    config = _run.uvicorn_config(inv)
+    assert (config.root_path, config.access_log, config.limit_concurrency) == ("/api", False, 5)
+    assert (config.http, config.port) == ("h11", 9000)
+    assert ("x-a", " 1") in [tuple(h) for h in config.headers] or (b"x-a", b" 1") in config.headers
+
+
+def test_hypercorn_config_maps_the_options_that_apply() -> None:
+    pytest.importorskip("hypercorn")
+    inv = _run.parse(
+        ["m:app", "--server", "hypercorn", "--loop", "trio", "--root-path", "/api",
+         "--timeout-keep-alive", "7", "--backlog", "50", "--no-access-log", "--host", "::1"],
+        {},
+    )  # fmt: skip
+    config = _run.hypercorn_config(inv)
+    assert (config.worker_class, config.root_path, config.backlog) == ("trio", "/api", 50)
+    assert (config.keep_alive_timeout, config.accesslog, config.bind) == (7.0, None, ["[::1]:8000"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--server", "hypercorn", "--limit-concurrency", "3"],
+         "--limit-concurrency is not taken by --server hypercorn"),
+        (["--server", "aiohttp", "--http", "h11"], "--http is not taken by --server aiohttp"),
+        (["--loop", "trio"], "--loop trio needs --server hypercorn"),
+    ],
+)  # fmt: skip
+def test_options_a_server_does_not_take_are_refused(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+        _run.parse(["m:app", *args], {})
