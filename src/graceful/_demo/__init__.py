@@ -13,21 +13,26 @@ explain themselves:
 * :mod:`graceful._demo._clients` — the load, and what counts as a failure;
 * :mod:`graceful._demo._backend` — graceful backends that report their phases as events;
 * :mod:`graceful._demo._report` and :mod:`graceful._demo._plot` — progress, table, plot;
-* :mod:`graceful._demo.app` — the tiny ASGI app every backend serves.
+* :mod:`graceful._demo.app` — the tiny ASGI app uvicorn and hypercorn backends serve, and
+  :mod:`graceful._demo.aiohttp_app`, the same endpoints for aiohttp.
 
-This module is only the command line; ``benchmarks/rollout.py`` drives the same
-scenario over a matrix of delays and client mixes.
+The default run is stock uvicorn and each policy on uvicorn; ``--servers`` adds stock
+and graceful hypercorn and aiohttp.  This module is only the command line;
+``benchmarks/rollout.py`` drives the same scenario over a matrix of delays and client
+mixes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import importlib.util
 import sys
 from collections.abc import Sequence
 
-from ._report import Progress, print_table
-from ._scenario import SERVERS, Outcome, run_scenario
+from ._report import Progress, print_table, write_json
+from ._scenario import ALL_SERVERS, POLICIES, SERVERS, Outcome, run_scenario
 
 __all__ = ("build_parser", "main")
 
@@ -39,8 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="A simulated Kubernetes rolling restart on loopback: the stock server "
         "and each graceful policy, side by side.",
     )
-    parser.add_argument("--servers", default=",".join(SERVERS),
-                        help=f"comma-separated, from: {', '.join(SERVERS)}")  # fmt: skip
+    parser.add_argument(
+        "--servers",
+        default=",".join(SERVERS),
+        help="comma-separated, from: uvicorn, graceful:POLICY, hypercorn, "
+        "graceful-hypercorn:POLICY, aiohttp, graceful-aiohttp:POLICY; POLICY: "
+        f"{', '.join(POLICIES)} (default: %(default)s)",
+    )
     parser.add_argument(
         "--propagation-delay",
         type=float,
@@ -61,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--long-request-s", type=float, default=2.0)
     parser.add_argument("--websockets", type=int, default=0, help="websocket echo clients")
     parser.add_argument("--plot", default=None, help="write the timeline to FILE.svg or .png")
+    parser.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the outcomes to FILE as JSON"
+    )
     return parser  # fmt: skip
 
 
@@ -69,10 +82,15 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SERVERS]
+    unknown = [n for n in names if n not in ALL_SERVERS]
     if unknown or not names:
-        parser.error(f"--servers: unknown {unknown!r}; choose from {', '.join(SERVERS)}")
-    args.kinds = [SERVERS[n] for n in names]
+        parser.error(f"--servers: unknown {unknown!r}; choose from {', '.join(ALL_SERVERS)}")
+    args.kinds = [ALL_SERVERS[n] for n in names]
+    for server in dict.fromkeys(kind.server for kind in args.kinds):
+        if importlib.util.find_spec(server) is None:
+            parser.error(
+                f"--servers: {server} is not installed: pip install 'graceful-drain[{server}]'"
+            )
     for name in ("propagation_delay", "grace_period", "idle", "warmup", "tail", "long_request_s"):
         value = getattr(args, name)
         if not (0 <= value < 600):
@@ -87,7 +105,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 async def _run(args: argparse.Namespace) -> list[Outcome]:
     outcomes = []
-    with Progress() as progress:
+    with Progress(name_width=max(len(kind.name) for kind in args.kinds)) as progress:
         for kind in args.kinds:
             outcomes.append(await run_scenario(kind, args, progress))
             progress.done(kind)
@@ -103,10 +121,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("graceful demo needs rich: pip install 'graceful-drain[demo]'", file=sys.stderr)
         return 2
     outcomes = asyncio.run(_run(args))
+    # The websocket clients leave garbage cycles holding weak proxies to connections that
+    # are gone (websockets' logger adapters); collect them now, before the entry point's
+    # fast exit walks every live object and trips over a dead proxy.
+    gc.collect()
     print_table(outcomes, args)
+    if args.json:
+        write_json(outcomes, args.json)
     if args.plot:
         from ._plot import write_plot
 
-        write_plot(outcomes, args.plot)
+        settings = (
+            f"propagation delay {args.propagation_delay:g} s, grace period "
+            f"{args.grace_period:g} s, accept-until-idle's idle window {args.idle:g} s"
+        )
+        write_plot(outcomes, args.plot, subtitle=settings)
         print(f"timeline written to {args.plot}")
     return 0

@@ -1,4 +1,4 @@
-"""A graceful demo backend that reports its phase changes: ``python -m graceful._demo._backend``.
+"""A demo backend: ``python -m graceful._demo._backend --server {uvicorn,hypercorn,aiohttp}``.
 
 Why a launcher of its own
 -------------------------
@@ -8,19 +8,29 @@ the wording of a line written for people; :mod:`graceful._events` gives a contra
 instead, and this launcher is how a backend gets it without ``graceful run`` growing an
 option for the demo's sake.  It does for one process what ``graceful run`` does — a
 coordinator that owns the process (a third shutdown request exits, a hard exit just
-before SIGKILL), a :class:`graceful.uvicorn.Server` around the demo app, SIGTERM and
-SIGINT ignored until the server installs its own handlers — with public constructors
-only, and subscribes :func:`~graceful._events.json_event_writer` to the pipe whose
-write end the demo passed down (``--events-fd``).  Stock uvicorn backends run as plain
-``python -m uvicorn`` and report nothing: the demo marks their SIGTERM itself.
+before SIGKILL), the server around the demo app, SIGTERM and SIGINT ignored until the
+server installs its own handlers — with public constructors only, and subscribes
+:func:`~graceful._events.json_event_writer` to the pipe whose write end the demo passed
+down (``--events-fd``).  The server is one of the adapters, through its public entry
+point: :class:`graceful.uvicorn.Server`, :func:`graceful.hypercorn.run` (asyncio) or
+:func:`graceful.aiohttp.run_app` (which serves :mod:`graceful._demo.aiohttp_app`, the
+same endpoints for aiohttp's handler interface).  All three share the coordinator, so
+the events are the same whatever the server.
+
+``--stock`` serves the same app with the server's own shutdown for comparison —
+``hypercorn.asyncio.serve`` without a trigger (hypercorn's signal handlers) or
+``aiohttp.web.run_app`` — and reports nothing: the demo marks their SIGTERM itself.
+Stock uvicorn backends run as plain ``python -m uvicorn``.  Access logs are off
+everywhere, as with uvicorn's ``--log-level warning``: the demo measures shutdowns, not
+logging.
 
 Why a pipe
 ----------
 The demo reads each event the moment it is written, and the pipe reaches end-of-file
 when the backend is gone, however it went (exit, SIGKILL): no polling, no file to clean
-up.  The process leaves like ``graceful run`` does, without the interpreter's teardown:
-the demo times the exit, and tens of milliseconds of module teardown are not the
-policy's doing.
+up.  A graceful backend leaves like ``graceful run`` does, without the interpreter's
+teardown: the demo times the exit, and tens of milliseconds of module teardown are not
+the policy's doing.  A stock one leaves the way its server does.
 """
 
 from __future__ import annotations
@@ -30,10 +40,19 @@ import logging
 import os
 import signal
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from .app import IMPORT_STRING
 
-__all__ = ("main",)
+if TYPE_CHECKING:
+    from hypercorn.config import Config
+
+    from .. import ShutdownCoordinator
+
+__all__ = ("SERVER_NAMES", "main")
+
+#: The servers the launcher can run.
+SERVER_NAMES = ("uvicorn", "hypercorn", "aiohttp")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the demo app with graceful shutdown, writing phase events.",
     )
     parser.add_argument("--port", type=int, required=True, help="loopback port to bind")
+    parser.add_argument("--server", choices=SERVER_NAMES, default="uvicorn")
+    parser.add_argument(
+        "--stock",
+        action="store_true",
+        help="the server's own shutdown, no events (hypercorn, aiohttp)",
+    )
     parser.add_argument("--policy", default="accept-until-idle", help="shutdown policy name")
     parser.add_argument("--idle", type=float, default=None, help="accept-until-idle: idle, s")
     parser.add_argument("--grace-period", type=float, default=None, help="SIGTERM to SIGKILL, s")
@@ -54,11 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace) -> int:
     """Serve until shut down; the exit status (3: the server never started)."""
-    import uvicorn
-
+    if args.stock:
+        return _serve_stock(args)
     from .. import ShutdownCoordinator, policy_from_name
     from .._events import json_event_writer
-    from ..uvicorn import Server
 
     coordinator = ShutdownCoordinator(
         policy=policy_from_name(args.policy, idle_s=args.idle),
@@ -69,14 +93,73 @@ def serve(args: argparse.Namespace) -> int:
     if args.events_fd is not None:
         events = os.fdopen(args.events_fd, "w", encoding="utf-8")
         coordinator.subscribe(json_event_writer(coordinator, events))
-    config = uvicorn.Config(IMPORT_STRING, host="127.0.0.1", port=args.port, log_level="warning")
-    server = Server(config, coordinator=coordinator)
     # As in ``graceful run``: a late signal must not kill the exiting process with a
     # signal status once the server restored the handlers it found.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    if args.server == "hypercorn":
+        return _serve_hypercorn(args.port, coordinator)
+    if args.server == "aiohttp":
+        return _serve_aiohttp(args.port, coordinator)
+    return _serve_uvicorn(args.port, coordinator)
+
+
+def _serve_uvicorn(port: int, coordinator: ShutdownCoordinator) -> int:
+    import uvicorn
+
+    from ..uvicorn import Server
+
+    config = uvicorn.Config(IMPORT_STRING, host="127.0.0.1", port=port, log_level="warning")
+    server = Server(config, coordinator=coordinator)
     server.run()
     return 0 if server.started else 3
+
+
+def _hypercorn_config(port: int) -> Config:
+    from hypercorn.config import Config
+
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    return config
+
+
+def _serve_hypercorn(port: int, coordinator: ShutdownCoordinator) -> int:
+    from ..hypercorn import run
+    from .app import app
+
+    run(app, _hypercorn_config(port), worker_class="asyncio", coordinator=coordinator)
+    return 0
+
+
+def _serve_aiohttp(port: int, coordinator: ShutdownCoordinator) -> int:
+    from ..aiohttp import run_app
+    from .aiohttp_app import make_app
+
+    run_app(
+        make_app(), host="127.0.0.1", port=port, coordinator=coordinator,
+        access_log=None, print=None,
+    )  # fmt: skip
+    return 0
+
+
+def _serve_stock(args: argparse.Namespace) -> int:
+    if args.server == "hypercorn":
+        import asyncio
+
+        from hypercorn.asyncio import serve as hypercorn_serve
+
+        from .app import app
+
+        asyncio.run(hypercorn_serve(cast(Any, app), _hypercorn_config(args.port)))  # typed loosely
+        return 0
+    if args.server == "aiohttp":
+        from aiohttp import web
+
+        from .aiohttp_app import make_app
+
+        web.run_app(make_app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
+        return 0
+    raise SystemExit("stock uvicorn: run `python -m uvicorn graceful._demo.app:app`")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import sys
+
+    _args = sys.argv[1:]
+    if "--stock" in _args:
+        sys.exit(main(_args))  # a stock server leaves the way it does
     from ..__main__ import _exit
 
-    _exit(main())
+    _exit(main(_args))

@@ -4,16 +4,24 @@ Why a timeline
 --------------
 The table says how many requests failed; the timeline says *when*, and that is what
 explains them: the stock server's failures sit exactly in the propagation delay, after
-SIGTERM and before the balancer forgot A, while a graceful A keeps serving through it and
-drains once the traffic has moved to C.  A's phase marks come from the events A itself
-wrote (see :mod:`graceful._demo._scenario`), so they sit where the changes happened.
+SIGTERM and before the balancer forgot A (the shaded band), while a graceful A keeps
+serving through it and drains once the traffic has moved to C.  A's phase marks come
+from the events A itself wrote (see :mod:`graceful._demo._scenario`), so they sit where
+the changes happened.  Time runs from the start of the load and is counted from
+SIGTERM, the moment every scenario shares, so panels of different servers line up.
 
 SVG is written by hand so that ``--plot timeline.svg`` needs nothing beyond the demo
-extra; PNG needs matplotlib, asked for only when a ``.png`` is wanted.
+extra; PNG needs matplotlib (in no extra: ``pip install matplotlib``), asked for only
+when a ``.png`` is wanted.  The SVG is small (a polyline per backend, a line per mark)
+and machine-readable: each series is a ``<polyline class="series" data-backend="A">``,
+each mark a ``<g class="mark" data-label="draining">``, each failure a
+``<line class="failure">`` — the integration test reads them with
+:mod:`xml.etree.ElementTree`, and ``docs/img/`` keeps one per policy.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from html import escape
 from typing import TYPE_CHECKING
@@ -23,97 +31,172 @@ if TYPE_CHECKING:
 
 BIN_S = 0.25
 COLORS = {"A": "#d62728", "B": "#1f77b4", "C": "#2ca02c"}
-WIDTH, PANEL, LEFT, RIGHT, TOP = 900, 190, 60, 20, 30
+LEGEND = {"A": "A (terminated)", "B": "B", "C": "C (new)"}
+WIDTH, PANEL, LEFT, RIGHT, TOP = 900, 200, 60, 20, 42
+LABEL_ROW_H, LABEL_CHAR_W = 11, 6.2  # marks' labels: row height, approximate glyph width
 
 
-def _series(outcome: Outcome) -> tuple[dict[str, list[float]], list[float], float]:
+def _span(outcome: Outcome) -> tuple[float, float]:
+    """The plotted stretch: the load, from its start to its stop, in whole ``BIN_S``.
+
+    Requests in flight when the load stops (long ones) still finish and are counted in
+    the table, but a rate after the stop would only show the clients leaving.
+    """
     tally = outcome.tally
-    end = max([t for t, _ in tally.served] + [t for t, _ in tally.failures] + [1.0])
-    bins = int(end / BIN_S) + 1
+    start = outcome.load_started_at
+    end = outcome.load_stopped_at
+    if end is None:  # not stopped (an outcome built by hand): up to the last result
+        end = max([t for t, _ in tally.served] + [t for t, _ in tally.failures] + [start])
+    bins = max(4, int((end - start) / BIN_S))  # a partial last bin would look like a drop
+    return start, start + bins * BIN_S
+
+
+def _series(outcome: Outcome) -> tuple[dict[str, list[float]], list[float], float, float]:
+    """Requests/s to each backend per ``BIN_S``, failure times, the plotted span."""
+    tally = outcome.tally
+    start, end = _span(outcome)
+    bins = round((end - start) / BIN_S)
     rates: dict[str, list[float]] = {}
     for name in ("A", "B", "C"):
-        counts = Counter(int(t / BIN_S) for t, n in tally.served if n == name)
+        counts = Counter(int((t - start) / BIN_S) for t, n in tally.served if n == name)
         rates[name] = [counts[i] / BIN_S for i in range(bins)]
-    return rates, [t for t, _ in tally.failures], end
+    failures = [t for t, _ in tally.failures if start <= t <= end]
+    return rates, failures, start, end
+
+
+def _marks(outcome: Outcome) -> list[tuple[float, str]]:
+    """SIGTERM, A's phase changes (its own events) and how A ended, in time order."""
+    a = outcome.terminating
+    phases = [] if a is None else [(t, phase) for t, phase, _ in a.phases]
+    # A graceful A enters "accepting" (shutdown requested) the moment SIGTERM arrives:
+    # one mark for both.
+    sigterm = "SIGTERM: accepting" if any(p == "accepting" for _, p in phases) else "SIGTERM"
+    marks = [(outcome.sigterm_at, sigterm)]
+    if a is not None:
+        marks += [(t, phase) for t, phase in phases if phase != "accepting"]
+        if a.ended_at is not None:
+            marks.append((a.ended_at, a.ended))
+    return sorted(marks, key=lambda mark: mark[0])
+
+
+def _label_rows(xs_and_labels: list[tuple[float, str]]) -> list[int]:
+    """A row for each label so that none overlaps the one before it in its row."""
+    row_ends: list[float] = []
+    rows = []
+    for x, label in xs_and_labels:
+        width = LABEL_CHAR_W * len(label) + 6
+        row = next((i for i, end in enumerate(row_ends) if end <= x), len(row_ends))
+        if row == len(row_ends):
+            row_ends.append(0.0)
+        row_ends[row] = x + width
+        rows.append(row)
+    return rows
 
 
 def _title(outcome: Outcome) -> str:
     return f"{outcome.kind.name}: {outcome.tally.requests} requests, {outcome.tally.failed} failed"
 
 
-def svg(outcomes: list[Outcome]) -> str:
-    height = TOP + PANEL * len(outcomes) + 20
+def svg(outcomes: list[Outcome], *, subtitle: str = "") -> str:
+    """The timeline of each outcome, one panel each, as an SVG document.
+
+    ``subtitle`` (the scenario's settings) follows the title.
+    """
+    height = TOP + PANEL * len(outcomes) + 10
+    title = "Rolling restart" + (f": {subtitle}" if subtitle else "")
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-        f'font-family="sans-serif" font-size="11">',
+        f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">',
         '<rect width="100%" height="100%" fill="white"/>',
-        f'<text x="{LEFT}" y="18" font-size="14">Rolling restart timeline: requests/s per '
-        "backend (A is terminated), failures (red ticks), A's phase changes</text>",
+        f'<text x="{LEFT}" y="16" font-size="13">{escape(title)}</text>',
+        f'<text x="{LEFT}" y="32" fill="#555">requests/s per backend; red ticks: failed '
+        "requests; dashed: SIGTERM and A's phase changes; grey: the balancer still sends "
+        "A new connections</text>",
     ]
     for row, outcome in enumerate(outcomes):
-        rates, failures, end = _series(outcome)
-        y0 = TOP + row * PANEL
-        plot_h = PANEL - 50
-        peak = max([max(r, default=0) for r in rates.values()] + [1.0])
-        width = WIDTH - LEFT - RIGHT
-
-        def x(t: float, width: int = width, end: float = end) -> float:
-            return LEFT + width * t / end
-
-        def y(v: float, y0: int = y0, plot_h: int = plot_h, peak: float = peak) -> float:
-            return y0 + 20 + plot_h * (1 - v / peak)
-
-        title = escape(_title(outcome))
-        out.append(f'<text x="{LEFT}" y="{y0 + 14}" font-weight="bold">{title}</text>')
-        out.append(
-            f'<rect x="{LEFT}" y="{y0 + 20}" width="{width}" height="{plot_h}" '
-            'fill="none" stroke="#999"/>'
-        )
-        out.append(f'<text x="4" y="{y0 + 28}">{peak:.0f}/s</text>')
-        for name, series in rates.items():
-            points = " ".join(
-                f"{x(i * BIN_S + BIN_S / 2):.1f},{y(v):.1f}" for i, v in enumerate(series)
-            )
-            out.append(
-                f'<polyline fill="none" stroke="{COLORS[name]}" stroke-width="1.5" '
-                f'points="{points}"><title>backend {name}</title></polyline>'
-            )
-            out.append(
-                f'<text x="{WIDTH - RIGHT - 60 + 20 * "ABC".index(name)}" y="{y0 + 14}" '
-                f'fill="{COLORS[name]}">{name}</text>'
-            )
-        for t in failures:
-            out.append(
-                f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0 + 20 + plot_h}" '
-                f'y2="{y0 + 10 + plot_h}" stroke="red"/>'
-            )
-        marks = [(outcome.sigterm_at, "SIGTERM")]
-        if outcome.terminating is not None:
-            marks += [(t, phase) for t, phase, _ in outcome.terminating.phases]
-            if outcome.terminating.ended_at is not None:
-                marks.append((outcome.terminating.ended_at, outcome.terminating.ended))
-        for i, (t, label) in enumerate(marks):
-            out.append(
-                f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{y0 + 20}" y2="{y0 + 20 + plot_h}" '
-                'stroke="#555" stroke-dasharray="3,3"/>'
-            )
-            out.append(
-                f'<text x="{x(t) + 2:.1f}" y="{y0 + 32 + 11 * (i % 4)}" fill="#555">'
-                f"{escape(label)}</text>"
-            )
-        out.append(
-            f'<text x="{LEFT}" y="{y0 + 34 + plot_h}">0 s</text>'
-            f'<text x="{WIDTH - RIGHT - 30}" y="{y0 + 34 + plot_h}">{end:.1f} s</text>'
-        )
+        out += _panel(outcome, TOP + row * PANEL)
     out.append("</svg>")
-    return "\n".join(out)
+    return "\n".join(out) + "\n"
 
 
-def write_plot(outcomes: list[Outcome], path: str) -> None:
+def _panel(outcome: Outcome, y0: int) -> list[str]:
+    rates, failures, start, end = _series(outcome)
+    plot_top, plot_h, width = y0 + 20, PANEL - 55, WIDTH - LEFT - RIGHT
+    peak = max([max(r, default=0) for r in rates.values()] + [1.0])
+
+    def x(t: float) -> float:
+        return LEFT + width * (t - start) / (end - start)
+
+    def y(v: float) -> float:
+        return plot_top + plot_h * (1 - v / peak)
+
+    bottom = plot_top + plot_h
+    name = escape(outcome.kind.name, quote=True)
+    out = [f'<g class="panel" data-server="{name}">']
+    out.append(
+        f'<text x="{LEFT}" y="{y0 + 14}" font-weight="bold">{escape(_title(outcome))}</text>'
+    )
+    if outcome.forgotten_at is not None:
+        out.append(
+            f'<rect class="propagation" x="{x(outcome.sigterm_at):.1f}" y="{plot_top}" '
+            f'width="{x(outcome.forgotten_at) - x(outcome.sigterm_at):.1f}" height="{plot_h}" '
+            'fill="#eee"><title>propagation delay: the balancer still routes new connections '
+            "to A</title></rect>"
+        )
+    out.append(
+        f'<rect x="{LEFT}" y="{plot_top}" width="{width}" height="{plot_h}" fill="none" '
+        'stroke="#999"/>'
+    )
+    out.append(f'<text x="{LEFT - 4}" y="{plot_top + 8}" text-anchor="end">{peak:.0f}/s</text>')
+    out.append(f'<text x="{LEFT - 4}" y="{bottom}" text-anchor="end">0</text>')
+    # Seconds from SIGTERM, a tick per second.
+    for second in range(math.ceil(start - outcome.sigterm_at), int(end - outcome.sigterm_at) + 1):
+        tx = x(outcome.sigterm_at + second)
+        label = "SIGTERM" if second == 0 else f"{second:+d} s"
+        out.append(
+            f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{bottom}" y2="{bottom + 4}" stroke="#999"/>'
+            f'<text x="{tx:.1f}" y="{bottom + 15}" text-anchor="middle" fill="#555">{label}</text>'
+        )
+    for backend, series in rates.items():
+        points = " ".join(
+            f"{x(start + i * BIN_S + BIN_S / 2):.1f},{y(v):.1f}" for i, v in enumerate(series)
+        )
+        out.append(
+            f'<polyline class="series" data-backend="{backend}" fill="none" '
+            f'stroke="{COLORS[backend]}" stroke-width="1.5" points="{points}">'
+            f"<title>backend {LEGEND[backend]}, requests/s</title></polyline>"
+        )
+    legend_x = WIDTH - RIGHT - sum(LABEL_CHAR_W * (len(v) + 2) + 20 for v in LEGEND.values())
+    for backend, label in LEGEND.items():
+        out.append(
+            f'<text x="{legend_x:.0f}" y="{y0 + 14}" fill="{COLORS[backend]}">— {label}</text>'
+        )
+        legend_x += LABEL_CHAR_W * (len(label) + 2) + 20
+    for t in failures:
+        out.append(
+            f'<line class="failure" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{bottom}" '
+            f'y2="{bottom - 10}" stroke="red"/>'
+        )
+    marks = [(t, label) for t, label in _marks(outcome) if start <= t <= end]
+    rows = _label_rows([(x(t), label) for t, label in marks])
+    for (t, label), label_row in zip(marks, rows, strict=True):
+        safe = escape(label, quote=True)
+        out.append(
+            f'<g class="mark" data-label="{safe}" data-t="{t - outcome.sigterm_at:.3f}">'
+            f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{plot_top}" y2="{bottom}" '
+            'stroke="#555" stroke-dasharray="3,3"/>'
+            f'<text x="{x(t) + 2:.1f}" y="{plot_top + 11 + LABEL_ROW_H * label_row}" '
+            f'fill="#333">{escape(label)}</text></g>'
+        )
+    out.append("</g>")
+    return out
+
+
+def write_plot(outcomes: list[Outcome], path: str, *, subtitle: str = "") -> None:
     """Write the timeline to ``path`` (.svg by hand, .png with matplotlib)."""
     if path.endswith(".svg"):
         with open(path, "w", encoding="utf-8") as f:
-            f.write(svg(outcomes))
+            f.write(svg(outcomes, subtitle=subtitle))
         return
     try:
         import matplotlib
@@ -127,19 +210,23 @@ def write_plot(outcomes: list[Outcome], path: str) -> None:
         ) from None
     fig, axes = plt.subplots(len(outcomes), 1, figsize=(10, 2.4 * len(outcomes)), squeeze=False)
     for ax, outcome in zip(axes[:, 0], outcomes, strict=True):
-        rates, failures, _end = _series(outcome)
+        rates, failures, start, _end = _series(outcome)
+        zero = outcome.sigterm_at
         for name, series in rates.items():
-            ax.plot([i * BIN_S for i in range(len(series))], series, label=name,
-                    color=COLORS[name])  # fmt: skip
+            ax.plot([start - zero + i * BIN_S + BIN_S / 2 for i in range(len(series))], series,
+                    label=LEGEND[name], color=COLORS[name])  # fmt: skip
+        if outcome.forgotten_at is not None:
+            ax.axvspan(0, outcome.forgotten_at - zero, color="#eee")
         for t in failures:
-            ax.axvline(t, color="red", alpha=0.3, linewidth=0.8)
-        if outcome.terminating is not None:
-            for t, phase, _ in outcome.terminating.phases:
-                ax.axvline(t, color="#555", linestyle="--", linewidth=0.8)
-                ax.text(t, ax.get_ylim()[1] * 0.9, phase, fontsize=7)
+            ax.axvline(t - zero, color="red", alpha=0.3, linewidth=0.8)
+        for t, label in _marks(outcome):
+            ax.axvline(t - zero, color="#555", linestyle="--", linewidth=0.8)
+            ax.text(t - zero, ax.get_ylim()[1] * 0.9, label, fontsize=7)
         ax.set_title(_title(outcome), fontsize=9)
         ax.set_ylabel("req/s")
         ax.legend(fontsize=7, loc="upper right")
-    axes[-1, 0].set_xlabel("seconds")
+    axes[-1, 0].set_xlabel("seconds from SIGTERM")
+    if subtitle:
+        fig.suptitle(f"Rolling restart: {subtitle}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)

@@ -19,6 +19,9 @@ the signal, or was killed at the grace period) and how long it stayed alive with
 nothing to do.  Both cost something in a real rollout: a killed pod cut work, an idle
 one held up the next step.
 
+``--json FILE`` writes the same outcomes for programs (the integration test reads it):
+per server the counts by kind, how A ended, its phase changes, the wasted idle time.
+
 ``rich`` is imported when it is needed, so ``graceful demo --help`` and a bad option
 work without the ``demo`` extra; the entry point checks for it first.
 """
@@ -27,25 +30,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
+from typing import Any
 
 from ._clients import FAILURE_KINDS
 from ._scenario import Outcome, ServerKind
 
-__all__ = ("Progress", "print_table")
+__all__ = ("Progress", "outcome_record", "print_table", "write_json")
 
 
 class Progress:
-    """Live progress on a rich console, one line per scenario; an :class:`Observer`."""
+    """Live progress on a rich console, one line per scenario; an :class:`Observer`.
 
-    def __init__(self) -> None:
+    Args:
+        name_width: Characters kept for the server's name, the first column.
+    """
+
+    def __init__(self, *, name_width: int = 30) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
 
         self.console = Console(stderr=True)
         self._rich = RichProgress(
-            TextColumn("{task.description:<30}"),
+            TextColumn(f"{{task.description:<{name_width}}}"),
             BarColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
@@ -130,3 +139,30 @@ def print_table(outcomes: list[Outcome], args: argparse.Namespace) -> None:
     if not console.is_terminal:
         console = Console(width=150)
     console.print(table)
+
+
+def outcome_record(outcome: Outcome) -> dict[str, Any]:
+    """One outcome as plain data (times in seconds from the scenario's start)."""
+    a = outcome.terminating
+    return {
+        "server": outcome.kind.name,
+        "server_kind": outcome.kind.server,
+        "policy": outcome.kind.policy,
+        "requests": outcome.tally.requests,
+        "failed": outcome.tally.failed,
+        "results": dict(sorted(outcome.tally.results.items())),
+        "sigterm_at": outcome.sigterm_at,
+        "a_ended": None if a is None else a.ended,
+        "a_ended_after_sigterm_s": (
+            None if a is None or a.ended_at is None else a.ended_at - outcome.sigterm_at
+        ),
+        "a_phases": [] if a is None else [mark._asdict() for mark in a.phases],
+        "wasted_idle_s": outcome.wasted_idle_s(),
+    }
+
+
+def write_json(outcomes: list[Outcome], path: str) -> None:
+    """Write the outcomes to ``path``: ``{"outcomes": [record, ...]}``."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"outcomes": [outcome_record(o) for o in outcomes]}, f, indent=1)
+        f.write("\n")

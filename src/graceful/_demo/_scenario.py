@@ -11,14 +11,16 @@ through the balancer while A and B serve; then, in one instant, C joins the bala
 A gets SIGTERM; the balancer forgets A only ``--propagation-delay`` later; A gets SIGKILL
 at ``--grace-period`` if it is still alive; a short tail of load shows the others were
 not disturbed.  Stock uvicorn and each graceful policy get the same timeline, one after
-the other, so their tables and plots compare like with like.
+the other, so their tables and plots compare like with like; so do stock hypercorn and
+aiohttp and their graceful adapters, serving the same endpoints, when asked for
+(:data:`ALL_SERVERS`).
 
 How the scenario learns what A did
 ----------------------------------
 Graceful backends report each phase change as a JSON event on a pipe
 (:mod:`graceful._events`, via :mod:`graceful._demo._backend`), stamped with the wall
 clock where the change happened; one wall-clock reading taken with the scenario's start
-puts the events on the scenario's own timeline.  Stock uvicorn reports nothing: the
+puts the events on the scenario's own timeline.  Stock servers report nothing: the
 scenario marks the SIGTERM it sent and learns the end from the exit status, as it does
 for every backend.  Backends' stderr is kept only as a tail, for the error message when
 one fails to start — never parsed.
@@ -46,15 +48,29 @@ from ._balancer import Balancer
 from ._clients import HttpClient, Tally, http_client_loop, websocket_client_loop
 from .app import IMPORT_STRING
 
-__all__ = ("SERVERS", "Backend", "Observer", "Outcome", "PhaseMark", "ServerKind", "run_scenario")
+__all__ = (
+    "ALL_SERVERS",
+    "POLICIES",
+    "SERVERS",
+    "Backend",
+    "Observer",
+    "Outcome",
+    "PhaseMark",
+    "ServerKind",
+    "run_scenario",
+)
+
+
+POLICIES = ("accept-until-idle", "serve-until-killed", "refuse-immediately")
 
 
 @dataclass(frozen=True)
 class ServerKind:
-    """How to start one kind of backend."""
+    """How to start one kind of backend: a server, stock or with a graceful policy."""
 
     name: str
     policy: str | None  # None: the stock server
+    server: str = "uvicorn"  # or "hypercorn", "aiohttp"
 
     @property
     def reports_phases(self) -> bool:
@@ -65,28 +81,45 @@ class ServerKind:
         self, port: int, *, grace_period_s: float, idle_s: float, events_fd: int | None
     ) -> list[str]:
         """The command line of one backend on ``port``, events to ``events_fd``."""
-        if self.policy is None:
+        if self.policy is None and self.server == "uvicorn":
             return [
                 sys.executable, "-m", "uvicorn", IMPORT_STRING,
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
             ]  # fmt: skip
+        launcher = [
+            sys.executable, "-m", "graceful._demo._backend",
+            "--server", self.server, "--port", str(port),
+        ]  # fmt: skip
+        if self.policy is None:
+            return [*launcher, "--stock"]
         extra = ["--idle", f"{idle_s:g}"] if self.policy == "accept-until-idle" else []
         if events_fd is not None:
             extra += ["--events-fd", str(events_fd)]
-        return [
-            sys.executable, "-m", "graceful._demo._backend", "--port", str(port),
-            "--policy", self.policy, "--grace-period", f"{grace_period_s:g}", *extra,
-        ]  # fmt: skip
+        return [*launcher, "--policy", self.policy, "--grace-period", f"{grace_period_s:g}",
+                *extra]  # fmt: skip
 
 
-SERVERS: dict[str, ServerKind] = {
+def _kinds(server: str, prefix: str) -> list[ServerKind]:
+    """The stock ``server`` and a graceful one per policy, named ``PREFIX:POLICY``."""
+    stock = ServerKind(server, None, server)
+    return [stock, *(ServerKind(f"{prefix}:{p}", p, server) for p in POLICIES)]
+
+
+#: Every server the demo can run, by name.  uvicorn's graceful rows keep their short
+#: ``graceful:POLICY`` names; hypercorn's and aiohttp's say which server they are.
+ALL_SERVERS: dict[str, ServerKind] = {
     kind.name: kind
     for kind in (
-        ServerKind("uvicorn", None),
-        ServerKind("graceful:accept-until-idle", "accept-until-idle"),
-        ServerKind("graceful:serve-until-killed", "serve-until-killed"),
-        ServerKind("graceful:refuse-immediately", "refuse-immediately"),
+        *_kinds("uvicorn", "graceful"),
+        *_kinds("hypercorn", "graceful-hypercorn"),
+        *_kinds("aiohttp", "graceful-aiohttp"),
     )
+}
+
+#: The servers of the default run (the README's ``python -m graceful demo``, and
+#: ``benchmarks/rollout.py``'s matrix): stock uvicorn and each policy on uvicorn.
+SERVERS: dict[str, ServerKind] = {
+    name: kind for name, kind in ALL_SERVERS.items() if kind.server == "uvicorn"
 }
 
 
@@ -118,7 +151,10 @@ class Outcome:
 
     kind: ServerKind
     tally: Tally
+    load_started_at: float = 0.0
     sigterm_at: float = 0.0
+    forgotten_at: float | None = None  # when the balancer stopped routing to A
+    load_stopped_at: float | None = None  # requests in flight still finish after it
     terminating: Backend | None = None
 
     def ended(self) -> str:
@@ -186,6 +222,7 @@ async def run_scenario(
     loops += [websocket_client_loop(balancer.port, outcome.tally, stop)
               for _ in range(args.websockets)]  # fmt: skip
     load = asyncio.gather(*loops)
+    outcome.load_started_at = outcome.tally.elapsed()
     try:
         await observer.wait(outcome, args.warmup)
         # The rolling restart: the new pod is ready, the old one gets SIGTERM ...
@@ -196,9 +233,11 @@ async def run_scenario(
         # ... while the endpoint update takes a while to reach the balancer.
         await observer.wait(outcome, args.propagation_delay)
         balancer.backends.remove(a)
+        outcome.forgotten_at = outcome.tally.elapsed()
         await killer
         await observer.wait(outcome, args.tail)
     finally:
+        outcome.load_stopped_at = outcome.tally.elapsed()
         stop.set()
         await load
         await balancer.stop()
