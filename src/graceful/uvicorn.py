@@ -224,7 +224,7 @@ class Server(uvicorn.Server):
         self._wrap_app = wrap_app
         self._middleware_options = middleware_options
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self._wake: asyncio.Future[None] | None = None  # main_loop's tick, while it sleeps
         self._transports: set[asyncio.BaseTransport] = set()
         self._handovers = Handovers(self.coordinator)
         self._http_class: type[Any] | None = None
@@ -258,7 +258,6 @@ class Server(uvicorn.Server):
     async def serve(self, sockets: list[Any] | None = None) -> None:
         """Serve until the coordinator stops (see :meth:`uvicorn.Server.serve`)."""
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
         # Signals first: a SIGTERM while the app is imported or its lifespan starts begins
         # the shutdown instead of killing the process. super().serve() nests
         # capture_signals.
@@ -380,8 +379,8 @@ class Server(uvicorn.Server):
                         )
         if phase >= Phase.STOPPING:
             self.should_exit = True
-            if self._wake is not None:
-                self._wake.set()
+            if self._wake is not None and not self._wake.done():
+                self._wake.set_result(None)
 
     def _nudge_in_flight(self) -> None:
         """Nudging began: requests whose response has not started close their
@@ -417,13 +416,20 @@ class Server(uvicorn.Server):
 
     async def main_loop(self) -> None:
         """uvicorn's loop, but woken at once when the coordinator starts stopping."""
-        assert self._wake is not None
+        loop = asyncio.get_running_loop()
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:
             counter = (counter + 1) % 864000
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), 0.1)
+            # asyncio.sleep(0.1), cut short when stopping begins: a future and a timer,
+            # as cheap as uvicorn's own tick (wait_for would make a task per tick).
+            self._wake = wake = loop.create_future()
+            timer = loop.call_later(0.1, _resolve, wake)
+            try:
+                await wake
+            finally:
+                timer.cancel()
+                self._wake = None
             should_exit = await self.on_tick(counter)
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
@@ -481,6 +487,11 @@ class Server(uvicorn.Server):
                 await asyncio.wait_for(self.lifespan.shutdown(), left)
             except asyncio.TimeoutError:
                 logger.error("lifespan shutdown did not finish within %.3g s; abandoned", left)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _never() -> None:
