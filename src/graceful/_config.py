@@ -319,6 +319,10 @@ OPTIONS: Final[tuple[Option, ...]] = (
         help="preStop endpoint (off by default: anyone reaching it can stop the server)",
     ),
     Option(
+        "metrics_path", endpoint_path, None, to=("middleware", "metrics_path"), metavar="PATH",
+        help="Prometheus metrics endpoint (off by default; needs the metrics extra)",
+    ),
+    Option(
         "websocket_close_grace", seconds, 1.0, to=("middleware", "websocket_close_grace_s"),
         metavar="SECONDS",
         help="how long a websocket may stay open once draining before it is closed with 1001, s",
@@ -623,9 +627,20 @@ def check(values: Values) -> None:
     async def no_app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
         pass
 
+    if values["metrics_path"] is not None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"{label('metrics_path')} needs prometheus-client: "
+                "pip install 'graceful-drain[metrics]'"
+            ) from None
     with _named(values):
         coordinator = ShutdownCoordinator(**coordinator_kwargs(values))
-        GracefulMiddleware(no_app, coordinator=coordinator, **middleware_kwargs(values))
+        # Without the metrics endpoint: it would register this throwaway coordinator's
+        # metrics in the process's default registry.
+        options = {**middleware_kwargs(values), "metrics_path": None}
+        GracefulMiddleware(no_app, coordinator=coordinator, **options)
 
 
 #: Settings gunicorn owns: their GRACEFUL_* variables are ignored under gunicorn.

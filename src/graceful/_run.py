@@ -1099,6 +1099,14 @@ class _Supervisor:
     def _on_exit(self, worker: _Worker) -> None:
         self.workers.remove(worker)
         pid, status = worker.proc.pid, worker.proc.returncode
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # A worker that was killed left its live gauges behind (graceful.metrics).
+            try:
+                from . import metrics
+
+                metrics.mark_process_dead(pid)
+            except Exception:  # no prometheus-client, or a broken directory: not ours
+                logger.debug("could not mark worker %d dead for the metrics", pid, exc_info=True)
         if self.stopping:
             log = logger.info if status == 0 else logger.error
             log("worker %d exited (%s)", pid, _describe(status))

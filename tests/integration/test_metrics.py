@@ -211,3 +211,54 @@ def test_gunicorn_workers_share_one_view(tmp_path: Path) -> None:
 def _booted(server: ServerProcess) -> list[str]:
     server.wait_for_line(r"Booting worker with pid: (\d+)", count=2)
     return re.findall(r"Booting worker with pid: (\d+)", server.output())
+
+
+# ------------------------------------------------------------------ graceful run
+
+
+def _scrape_until(
+    port: int, condition: Callable[[Metrics], bool], timeout_s: float = 10.0
+) -> Metrics:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        client = RawHTTP(port)
+        metrics = scrape(client)
+        client.close()
+        if condition(metrics):
+            return metrics
+        assert time.monotonic() < deadline, metrics
+
+
+@pytest.mark.parametrize("server_name", ["uvicorn", "hypercorn"])
+def test_graceful_run_metrics_path_follows_the_drain(server_name: str) -> None:
+    """``graceful run --metrics-path`` on each ASGI server; the uvicorn case also checks
+    that the server's own hot path hands the path to the middleware."""
+    server = ServerProcess(
+        [
+            *(sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0"),
+            *("--server", server_name, "--metrics-path", "/metrics"),
+            *("--policy", "serve-until-killed", "--grace-period", "30"),
+        ]
+    )
+    server.port = int(server.wait_for_line(r"(?i)running on http://127\.0\.0\.1:(\d+)")[1])
+    try:
+        slow = RawHTTP(server.port)
+        slow.send("/slow?s=3")
+        server.wait_for_line(r"slow request started")
+        before = _scrape_until(server.port, lambda m: True)
+        assert before["graceful_phase[serving]"] == 1.0
+        assert before["graceful_requests_in_flight"] == 1.0  # the scrape is not counted
+        server.signal(signal.SIGTERM)
+        server.wait_for_line(ACCEPTING)
+        other = RawHTTP(server.port)  # a connection and a request after SIGTERM
+        assert other.get("/")[0] == 200
+        during = _scrape_until(server.port, lambda m: m["graceful_phase[accepting]"] == 1.0)
+        assert during["graceful_connections_after_shutdown_total"] >= 1.0
+        assert during["graceful_requests_after_shutdown_total"] >= 1.0
+        assert during["graceful_kill_deadline_seconds"] < 30.0
+        status, _, body = slow.response()
+        assert (status, body) == (200, b"slept 3\n")
+        server.signal(signal.SIGTERM)  # serve-until-killed would accept for 14.5 s more
+        assert server.wait_exit() == 0
+    finally:
+        server.stop()

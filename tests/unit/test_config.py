@@ -211,6 +211,7 @@ def test_keyword_arguments_come_from_values() -> None:
         "readiness_path": "/readyz",
         "liveness_path": "/livez",
         "prestop_path": "/stop",
+        "metrics_path": None,
         "websocket_close_grace_s": 0.5,
     }
     assert _config.uvicorn_kwargs(values)["http"] == "h11"
