@@ -58,12 +58,13 @@ def _exit(code: int) -> None:
     atexit._run_exitfuncs()
     logging.shutdown()
     for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
+        try:
+            # isinstance() of a dead weakref.proxy raises ReferenceError (websockets'
+            # logger adapters leave such proxies in garbage cycles).
+            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                obj.flush()
+        except (OSError, ValueError, ReferenceError):
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

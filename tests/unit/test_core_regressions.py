@@ -627,3 +627,25 @@ def test_bad_values_are_rejected_by_name(
 ) -> None:
     with pytest.raises(ValueError, match=option):
         make(**{option: value})
+
+
+def test_fast_exit_survives_a_dead_weak_proxy_in_a_garbage_cycle() -> None:
+    """``graceful``'s fast exit walks every live object to flush open files; a dead
+    ``weakref.proxy`` (websockets leaves some in garbage cycles) made ``isinstance``
+    raise ReferenceError, so ``graceful demo --websockets`` crashed at exit."""
+    import subprocess
+
+    code = (
+        "import weakref, graceful.__main__ as m\n"
+        "class A: pass\n"
+        "a = A(); holder = [weakref.proxy(a)]; holder.append(holder); del a\n"
+        "f = open(1, 'w', closefd=False)\n"  # an open buffered file: flushed, not lost
+        "f.write('flushed')\n"
+        "m._exit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 3, done.stderr
+    assert "ReferenceError" not in done.stderr
+    assert done.stdout == "flushed"

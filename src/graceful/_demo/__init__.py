@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import importlib.util
 import sys
 from collections.abc import Sequence
@@ -121,10 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("graceful demo needs rich: pip install 'graceful-drain[demo]'", file=sys.stderr)
         return 2
     outcomes = asyncio.run(_run(args))
-    # The websocket clients leave garbage cycles holding weak proxies to connections that
-    # are gone (websockets' logger adapters); collect them now, before the entry point's
-    # fast exit walks every live object and trips over a dead proxy.
-    gc.collect()
     print_table(outcomes, args)
     if args.json:
         write_json(outcomes, args.json)
