@@ -82,7 +82,11 @@ def instructions(server: str, requests: int) -> int:
                 code,
             ],
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"},
+            env={
+                **os.environ,
+                "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
+                "PYTHONHASHSEED": "0",
+            },
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

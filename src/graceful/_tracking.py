@@ -123,6 +123,32 @@ class Session:
 class Tracking:
     """Counters and the hot-path half of the adapter API (see the module docs)."""
 
+    # Slots, not the instance dict: the coordinator has more attributes than CPython's
+    # shared-key dicts hold (30), so dict attributes would be looked up by hash on every
+    # request; slot access stays a fixed offset (about half the cost of a tracked request).
+    __slots__ = (
+        "_changed",
+        "_clock",
+        "_closed_draining",
+        "_connections",
+        "_connections_total",
+        "_draining",
+        "_last_activity_at",
+        "_nudging",
+        "_previous_max",
+        "_request_tracker",
+        "_requests",
+        "_requests_total",
+        "_samples",
+        "_sessions",
+        "_timing",
+        "_window_max",
+        "_window_n",
+        "_zero_waiters",
+        "__dict__",
+        "__weakref__",
+    )
+
     def __init__(self) -> None:
         self._draining = False  # phase >= DRAINING, read on the hot path
         self._nudging = False  # clients should be told to close their connection
