@@ -591,7 +591,7 @@ class AppRunner(web.AppRunner):
         self._handovers = Handovers(coordinator)
         self._open: set[RequestHandler] = set()
         self._adopted: dict[web.BaseSite, asyncio.AbstractServer] = {}
-        self._tls: set[web.BaseSite] = set()
+        self._tls: dict[web.BaseSite, Any] = {}  # TLS sites and their SSL contexts
         self._listening = True
         self._closing: asyncio.Future[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -615,19 +615,20 @@ class AppRunner(web.AppRunner):
     def adopt_sites(self) -> None:
         """Count accepts on every started site's listener (and close it at once if the
         drain began already).  Idempotent; called at every phase change."""
-        late: list[asyncio.AbstractServer] = []
+        late: list[tuple[asyncio.AbstractServer, Any]] = []
         for site in self.sites:
             server = getattr(site, "_server", None)  # aiohttp: the site's asyncio.Server
             if not isinstance(server, asyncio.AbstractServer) or site in self._adopted:
                 continue
             self._adopted[site] = server
-            if getattr(site, "_ssl_context", None) is not None:
-                self._tls.add(site)
+            ssl_context = getattr(site, "_ssl_context", None)  # aiohttp: the site's TLS
+            if ssl_context is not None:
+                self._tls[site] = ssl_context
             count_accepts(server, self._handovers)
             if not self._listening:
-                late.append(server)
+                late.append((server, ssl_context))
         if late:
-            self._close_listeners(late, [])
+            self._close_listeners(late)
 
     # ------------------------------------------------------------- connections
 
@@ -668,24 +669,22 @@ class AppRunner(web.AppRunner):
         if not self._listening or self._loop is None:
             return
         self._listening = False
-        plain = [s for key, s in self._adopted.items() if key not in self._tls]
-        tls = [s for key, s in self._adopted.items() if key in self._tls]
-        self._close_listeners(plain, tls)
+        self._close_listeners([(s, self._tls.get(site)) for site, s in self._adopted.items()])
 
-    def _close_listeners(
-        self, plain: list[asyncio.AbstractServer], tls: list[asyncio.AbstractServer]
-    ) -> None:
+    def _close_listeners(self, listeners: list[tuple[asyncio.AbstractServer, Any]]) -> None:
+        """Close each ``(listener, ssl_context)``, serving its backlog (with TLS if it
+        has a context)."""
         server, loop = self.server, self._loop
         if server is None or loop is None:  # cleaned up already: nothing left to serve
-            for listener in (*plain, *tls):
+            for listener, _ in listeners:
                 listener.close()
             return
-        # graceful._listeners hands backlog sockets over without TLS, so TLS listeners
-        # are closed the stock way (their backlog is reset).
-        for listener in tls:
-            listener.close()
-        if plain:
-            self._closing = close_keeping_backlog(plain, server, loop, self._handovers)
+        closing = [
+            close_keeping_backlog([listener], server, loop, self._handovers, ssl=ssl_context)
+            for listener, ssl_context in listeners
+        ]
+        if closing:
+            self._closing = asyncio.gather(*closing)
 
     async def _on_shutdown(self) -> None:
         """``on_shutdown``, as draining begins (a coordinator hook)."""

@@ -675,6 +675,7 @@ class _AsyncioWorker(_Worker):
         self._handovers = Handovers(self._c)
         self._servers: list[asyncio.AbstractServer] = []
         self._tls_servers: list[asyncio.AbstractServer] = []
+        self._ssl_context: Any = None
         self._closing: asyncio.Future[Any] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._lifespan: Any = None
@@ -716,6 +717,7 @@ class _AsyncioWorker(_Worker):
 
     async def _listen(self, sockets: Sockets) -> None:
         ssl_context = self._config.create_ssl_context() if sockets.secure_sockets else None
+        self._ssl_context = ssl_context
         for secure, group in ((True, sockets.secure_sockets), (False, sockets.insecure_sockets)):
             for sock in group:
                 server = await self._loop.create_server(
@@ -777,13 +779,22 @@ class _AsyncioWorker(_Worker):
             closer.close()
 
     def _close_listeners(self) -> None:
-        self._closing = close_keeping_backlog(
-            self._servers, self._protocol_factory, self._loop, self._handovers
-        )
-        # TLS listeners: the backlog would be handed over without TLS, so these close
-        # plainly (what is in their backlog is reset).
-        for server in self._tls_servers:
-            server.close()
+        closing = [
+            close_keeping_backlog(
+                self._servers, self._protocol_factory, self._loop, self._handovers
+            )
+        ]
+        if self._tls_servers:  # their backlog does its TLS handshake like the others
+            closing.append(
+                close_keeping_backlog(
+                    self._tls_servers,
+                    self._protocol_factory,
+                    self._loop,
+                    self._handovers,
+                    ssl=self._ssl_context,
+                )
+            )
+        self._closing = asyncio.gather(*closing)
 
     async def _listeners_closed(self, timeout_s: float) -> None:
         if self._closing is not None and timeout_s > 0:

@@ -13,6 +13,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -249,6 +250,61 @@ def test_ssl(
     server.signal(signal.SIGTERM)
     server.wait_for_line(ACCEPTING)
     assert response(sock)[0] == 200
+    assert server.wait_exit() == 0
+
+
+TLS_RUNNING = {
+    "uvicorn": r"running on https://127\.0\.0\.1:(\d+)",
+    "hypercorn": r"Running on https://127\.0\.0\.1:(\d+)",
+    "aiohttp": r"Running on https://127\.0\.0\.1:(\d+)",
+}
+
+
+@pytest.mark.parametrize("server_name", ["uvicorn", "hypercorn", "aiohttp"])
+def test_tls_backlog_queued_at_sigterm_is_served(
+    started: list[ServerProcess], app_dir: Path, certificate: tuple[str, str], server_name: str
+) -> None:
+    """The accept race over TLS, made likely: stop the server (SIGSTOP), queue 20 TLS
+    clients in the kernel's backlog, SIGTERM (refuse-immediately: draining at once),
+    SIGCONT.  Each queued connection does its handshake and gets its answer — none is
+    reset (hypercorn and aiohttp closed TLS listeners the stock way before)."""
+    cert, key = certificate
+    app = AIOHTTP_APP if server_name == "aiohttp" else "echoapp:app"
+    server = start(
+        started, app, "--server", server_name, "--loop", "asyncio", "--app-dir", str(app_dir),
+        "--port", "0", "--ssl-certfile", cert, "--ssl-keyfile", key, *FAST,
+        running=TLS_RUNNING[server_name],
+    )  # fmt: skip
+    context = ssl.create_default_context(cafile=cert)
+    count = 20
+    queued = threading.Semaphore(0)
+    results: list[object] = []
+
+    def client() -> None:
+        try:
+            raw = connect(server.port)  # completes in the kernel: the server is stopped
+            raw.settimeout(30)
+            queued.release()
+            sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            send(sock, "/")
+            results.append(response(sock)[0])
+        except Exception as exc:  # recorded: the assertion below names it
+            queued.release()
+            results.append(exc)
+
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        threads = [threading.Thread(target=client) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        for _ in range(count):
+            assert queued.acquire(timeout=30)
+        server.signal(signal.SIGTERM)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    for thread in threads:
+        thread.join(60)
+    assert results == [200] * count
     assert server.wait_exit() == 0
 
 
