@@ -18,17 +18,9 @@ from graceful import _config, _run
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-#: The pages whose code blocks must be included examples or checked here.
-CHECKED_PAGES = (
-    "index.md",
-    "reference.md",
-    "configuration.md",
-    "api.md",
-    "asgi.md",
-    "asyncio.md",
-    "gunicorn.md",
-    "kubernetes.md",
-)
+#: The pages whose code blocks must be included examples or checked here: every page
+#: (docs/reliability.md, written by tests/faults/render.py, has tables and no code block).
+CHECKED_PAGES = tuple(sorted(page.name for page in DOCS.glob("*.md")))
 #: The public modules, each documented on the API page with its ``__all__``.
 PUBLIC_MODULES = (
     "graceful",
@@ -42,9 +34,13 @@ PUBLIC_MODULES = (
 )
 #: Languages of blocks that are output or synopses, not something to run.
 NOT_CODE = {"text"}
+#: Languages of blocks that are not included but checked here: shell commands (parsed),
+#: event lines (read back as events), Prometheus queries (the metrics exist).
+CHECKED_HERE = {"bash", "json", "promql"}
 
 SNIPPET = re.compile(r'^\s*-{1,}8<-{1,}\s+"([^"]+)"\s*$', re.MULTILINE)
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+#: A fenced block, at the start of a line or indented in a list item.
+FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```$", re.MULTILINE | re.DOTALL)
 
 
 def _generator() -> ModuleType:
@@ -85,8 +81,17 @@ def test_api_page_documents_every_public_name() -> None:
 
 def _blocks() -> Iterator[tuple[str, str, str]]:
     for page in CHECKED_PAGES:
-        for language, body in FENCE.findall((DOCS / page).read_text()):
+        for _, language, body in FENCE.findall((DOCS / page).read_text()):
             yield page, language, body
+
+
+def test_every_page_is_checked_and_every_fence_is_a_block() -> None:
+    assert "index.md" in CHECKED_PAGES
+    assert len(CHECKED_PAGES) == len(list(DOCS.glob("*.md")))
+    for page in CHECKED_PAGES:
+        text = (DOCS / page).read_text()
+        fences = re.findall(r"^ *```", text, re.MULTILINE)
+        assert len(fences) == 2 * len(FENCE.findall(text)), f"docs/{page}: unmatched fence"
 
 
 def _includes(text: str) -> list[str]:
@@ -107,10 +112,42 @@ def test_code_blocks_are_included_or_checked() -> None:
     for page, language, body in _blocks():
         if language in NOT_CODE or _includes(body):
             continue
-        assert language == "bash", (
+        assert language in CHECKED_HERE, (
             f"docs/{page}: a {language or 'plain'} code block that is not included from "
             'examples/ (use --8<-- "examples/FILE:SECTION")'
         )
+
+
+def test_event_lines_are_events() -> None:
+    from graceful._events import parse_event
+
+    checked = 0
+    for page, language, body in _blocks():
+        if language == "json":
+            for line in body.splitlines():
+                assert parse_event(line) is not None, f"docs/{page}: {line}"
+                checked += 1
+    assert checked >= 1
+
+
+def test_prometheus_queries_name_existing_metrics() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    import graceful.metrics
+
+    collector = graceful.metrics.register(
+        graceful.ShutdownCoordinator(), prometheus_client.CollectorRegistry()
+    )
+    suffixes = {"counter": ["_total"], "gauge": [""], "histogram": ["_bucket", "_sum", "_count"]}
+    samples = {
+        family.name + suffix for family in collector.describe() for suffix in suffixes[family.type]
+    }
+    checked = 0
+    for page, language, body in _blocks():
+        if language == "promql":
+            for name in re.findall(r"\bgraceful_\w+", body):
+                assert name in samples, f"docs/{page}: no metric {name}"
+                checked += 1
+    assert checked >= 4
 
 
 def _commands() -> Iterator[tuple[str, list[str]]]:

@@ -11,7 +11,9 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -181,3 +183,93 @@ def test_gunicorn_conf_drains_workers(started: list[ServerProcess]) -> None:
     assert [client.response()[::2] for client in clients] == [(200, b"slept 1\n")] * 4
     assert server.wait_exit(EXIT_DEADLINE_S) == 0
     assert server.output().count("stopping -> stopped") == 2
+
+
+def _slow_request_drains(server: ServerProcess, port: int) -> None:
+    """A request in flight at SIGTERM is answered, then the process exits 0."""
+    client = RawHTTP(port)
+    client.send("/slow?s=1")
+    server.wait_for_line(r"slow request started")
+    server.signal(signal.SIGTERM)
+    assert client.response()[::2] == (200, b"slept 1\n")
+    assert server.wait_exit(EXIT_DEADLINE_S) == 0
+
+
+def test_uvicorn_server_example_drains(started: list[ServerProcess]) -> None:
+    server = ServerProcess([sys.executable, "-m", "examples.uvicorn_server", "--port", "0"])
+    started.append(server)
+    _slow_request_drains(server, _uvicorn_port(server))
+
+
+def _hypercorn_port(server: ServerProcess) -> int:
+    return int(server.wait_for_line(r"Running on http://127\.0\.0\.1:(\d+)").group(1))
+
+
+@pytest.mark.parametrize("example", ["examples.hypercorn_run", "examples.hypercorn_serve"])
+def test_hypercorn_examples_drain(started: list[ServerProcess], example: str) -> None:
+    pytest.importorskip("hypercorn")
+    if example == "examples.hypercorn_run":
+        pytest.importorskip("trio")
+    server = ServerProcess([sys.executable, "-m", example, "--port", "0"])
+    started.append(server)
+    _slow_request_drains(server, _hypercorn_port(server))
+
+
+def test_aiohttp_run_app_example_drains(started: list[ServerProcess]) -> None:
+    pytest.importorskip("aiohttp")
+    server = ServerProcess([sys.executable, "-m", "examples.aiohttp_run_app", "--port", "0"])
+    started.append(server)
+    port = int(server.wait_for_line(r"Running on http://127\.0\.0\.1:(\d+)").group(1))
+    _slow_request_drains(server, port)
+
+
+def test_aiohttp_runner_example_ends_stream_and_request(started: list[ServerProcess]) -> None:
+    pytest.importorskip("aiohttp")
+    server = ServerProcess([sys.executable, "-m", "examples.aiohttp_runner", "--port", "0"])
+    started.append(server)
+    port = int(server.wait_for_line(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
+    client = RawHTTP(port)
+    client.send("/slow?s=1")
+    server.wait_for_line(r"slow request started")
+    events: list[str] = []
+    with (
+        httpx.Client(timeout=httpx.Timeout(10.0)) as http,
+        http.stream("GET", f"http://127.0.0.1:{port}/events") as response,
+    ):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        events += [next(line for line in lines if line)]  # live before the SIGTERM
+        server.signal(signal.SIGTERM)
+        assert client.response()[::2] == (200, b"slept 1\n")
+        events += [line for line in lines if line]  # ends only at the chunked terminator
+    assert events[0] == "data: tick"
+    assert events[-2:] == ["event: bye", "data: server draining"]
+    assert server.wait_exit(EXIT_DEADLINE_S) == 0
+
+
+def test_gunicorn_multiprocess_conf_marks_killed_workers_dead(
+    started: list[ServerProcess], tmp_path: Path
+) -> None:
+    pytest.importorskip("gunicorn")
+    pytest.importorskip("prometheus_client")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
+    server = ServerProcess(
+        [sys.executable, "-m", "gunicorn", "-c", "examples/gunicorn_multiprocess.conf.py",
+         "-b", "127.0.0.1:0", "examples.asgi_app:app"],
+        env={**environment, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+             "GRACEFUL_METRICS_PATH": "/metrics", "GRACEFUL_IDLE": "0.5"},
+    )  # fmt: skip
+    started.append(server)
+    port = int(server.wait_for_line(r"Listening at: http://127\.0\.0\.1:(\d+)").group(1))
+    server.wait_for_line(r"Application startup complete", count=2)
+    killed = int(server.wait_for_line(r"Booting worker with pid: (\d+)").group(1))
+    live = f"*live*_{killed}.db"
+    deadline = time.monotonic() + 10
+    while not list(tmp_path.glob(live)):  # the worker writes its live gauges
+        assert time.monotonic() < deadline, sorted(p.name for p in tmp_path.iterdir())
+        time.sleep(0.1)
+    os.kill(killed, signal.SIGKILL)
+    server.wait_for_line(r"Booting worker with pid: (\d+)", count=3)  # its replacement
+    assert not list(tmp_path.glob(live))  # child_exit dropped them
+    server.wait_for_line(r"Application startup complete", count=3)
+    _slow_request_drains(server, port)
