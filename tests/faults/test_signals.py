@@ -152,7 +152,13 @@ def test_signal_storm(harness: Harness, record: Callable[[str], None]) -> None:
 def test_sighup(harness: Harness, record: Callable[[str], None]) -> None:
     """SIGHUP is not a shutdown signal: its default action ends the process at once
     (status -1, i.e. 129 in a shell); the in-flight request is lost"""
-    server = harness.graceful(*OPTIONS)
+    # Started with SIGHUP at its default even when this test run ignores it (under
+    # ``nohup`` every child inherits the ignore, and then so does the server — rightly).
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        server = harness.graceful(*OPTIONS)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
     client = slow_client(server)
     server.signal(signal.SIGHUP)
     code = server.wait_exit(10)
