@@ -1,5 +1,7 @@
-"""Instructions per request: the ASGI app bare, through GracefulMiddleware, and through the
-hot path graceful's uvicorn server uses with httptools (``_ServerApp``), in-process.
+"""Instructions per request: the ASGI app bare and through GracefulMiddleware, in-process.
+
+(graceful's own uvicorn server does not use the middleware on its hot path: measure it
+with ``benchmarks/server_instructions.py``.)
 
     python benchmarks/instructions.py [--calls 10000] [--src PATH]
 
@@ -29,12 +31,7 @@ from benchmarks.tracking import asgi_ns
 from graceful._demo.app import app
 from graceful.asgi import GracefulMiddleware
 from graceful import ShutdownCoordinator
-target = app
-if sys.argv[1] != "app":
-    target = GracefulMiddleware(app, coordinator=ShutdownCoordinator())
-if sys.argv[1] == "server":
-    from graceful.uvicorn import _ServerApp
-    target = _ServerApp(target)
+target = GracefulMiddleware(app, coordinator=ShutdownCoordinator()) if sys.argv[1] == "mw" else app
 anyio.run(asgi_ns, target, int(sys.argv[2]))
 """
 
@@ -78,21 +75,11 @@ def main() -> int:
         print("valgrind not found; install it (Debian: apt install valgrind)")
         return 1
     print(f"instructions per request, {args.calls:,} calls")
-    print(
-        f"{'src':>40} {'bare app':>10} {'middleware':>11} {'overhead':>9}"
-        f" {'server path':>12} {'overhead':>9}"
-    )
+    print(f"{'src':>40} {'bare app':>10} {'middleware':>11} {'overhead':>9}")
     for src in [ROOT / "src", *args.src]:
         bare = per_request("app", args.calls, src)
         mw = per_request("mw", args.calls, src)
-        row = f"{str(src)[-40:]:>40} {bare:10.0f} {mw:11.0f} {mw - bare:9.0f}"
-        try:
-            server = per_request("server", args.calls, src)
-        except subprocess.CalledProcessError:  # a tree without the server path
-            row += f" {'-':>12} {'-':>9}"
-        else:
-            row += f" {server:12.0f} {server - bare:9.0f}"
-        print(row)
+        print(f"{str(src)[-40:]:>40} {bare:10.0f} {mw:11.0f} {mw - bare:9.0f}")
     return 0
 
 

@@ -300,21 +300,22 @@ class ShutdownCoordinator(Tracking):
                 deadline = self._drain_deadline
             elif self._phase is Phase.STOPPING:
                 deadline = d.exit_by
+        in_flight, started = self._external_requests()
         return ShutdownStatistics(
             phase=self._phase,
             reason=self._reason,
             connections=self._connections,
-            requests=self._requests,
+            requests=self._requests + in_flight,
             sessions=len(self._sessions),
             connections_total=self._connections_total,
-            requests_total=self._requests_total,
+            requests_total=self._requests_total + started,
             time_in_phase_s=0.0 if self._phase_since is None else now - self._phase_since,
             time_left_s=None if deadline is None else max(0.0, deadline - now),
             kill_deadline_in_s=None if d is None else d.kill - now,
             connections_after_shutdown=self._connections_total - self._totals_at_request[0]
             if self._requested_at is not None
             else 0,
-            requests_after_shutdown=self._requests_total - self._totals_at_request[1]
+            requests_after_shutdown=self._requests_total + started - self._totals_at_request[1]
             if self._requested_at is not None
             else 0,
             connections_closed_draining=self._closed_draining,
@@ -442,7 +443,8 @@ class ShutdownCoordinator(Tracking):
         now = self._now()
         if self._requested_at is None:
             self._requested_at = now
-            self._totals_at_request = (self._connections_total, self._requests_total)
+            started = self._requests_total + self._external_requests()[1]
+            self._totals_at_request = (self._connections_total, started)
             self._timing = True  # measure what draining will need
             self._plan(now)
         outcome: RequestOutcome = self._table.request_shutdown(

@@ -138,6 +138,7 @@ class Tracking:
         "_last_activity_at",
         "_nudging",
         "_previous_max",
+        "_request_source",
         "_request_tracker",
         "_requests",
         "_requests_total",
@@ -167,6 +168,7 @@ class Tracking:
         self._previous_max = 0.0
         self._changed: anyio.Event | None = None
         self._request_tracker = _RequestTracker(self)
+        self._request_source: Callable[[], tuple[int, int]] | None = None
         self._clock: Callable[[], float] | None = None
 
     def _now(self) -> float:
@@ -233,6 +235,29 @@ class Tracking:
             return None
         return max(self._window_max, self._previous_max)
 
+    def add_request_source(self, source: Callable[[], tuple[int, int]]) -> None:
+        """Let a server count some requests itself instead of reporting each one.
+
+        For a server whose hot path does not call :meth:`request_started` while nothing
+        shuts down (graceful's uvicorn server): ``source()`` returns ``(in_flight,
+        started)`` for the requests it counts itself, and the coordinator adds them to
+        its own counts (:meth:`statistics`, :attr:`drained`, the waiters).  Before the
+        coordinator's first phase change the server must report the requests still in
+        flight through :meth:`request_started`/:meth:`request_finished` and drop them
+        from ``source()``: the drain counts only what was reported.
+
+        Raises:
+            RuntimeError: if a source was added already.
+        """
+        if self._request_source is not None:
+            raise RuntimeError("the coordinator has a request source already")
+        self._request_source = source
+
+    def _external_requests(self) -> tuple[int, int]:
+        """``(in_flight, started)`` of the request source (``(0, 0)`` without one)."""
+        source = self._request_source
+        return (0, 0) if source is None else source()
+
     def track_session(self, on_drain: Callable[[], None] | None = None) -> Session:
         """Return a context manager that counts a long-lived session (websocket, stream).
 
@@ -289,9 +314,13 @@ class Tracking:
     @property
     def drained(self) -> bool:
         """``True`` when no connection, request or session is left."""
-        return not (self._connections or self._requests or self._sessions)
+        if self._connections or self._requests or self._sessions:
+            return False
+        return not self._external_requests()[0]
 
     def _idle(self, include_connections: bool = True, include_requests: bool = True) -> bool:
         if self._sessions or (include_requests and self._requests):
             return False
-        return not (include_connections and self._connections)
+        if include_connections and self._connections:
+            return False
+        return not (include_requests and self._external_requests()[0])

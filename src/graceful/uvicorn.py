@@ -33,15 +33,20 @@ subclasses of the configured protocol classes), ``Server.handle_exit``,
 
 The hot path
 ------------
-With uvicorn's ``httptools`` protocol (what ``uvicorn[standard]`` picks), the server does
-the middleware's per-response work itself, so a request served while nothing is shutting
-down costs two counter updates and no wrapper around ``send``: when the coordinator
-starts nudging, every request whose response has not started gets uvicorn's own
-``keep_alive = False`` (httptools then writes ``Connection: close`` and closes after the
-response), and requests that start from then on take the middleware's full path.  A
-request cut at stopping still gets its 503 (whether its response started is read from
-uvicorn's request cycle).  With ``h11``, which writes no ``Connection: close`` for
-``keep_alive = False``, every request takes the middleware's path.
+With uvicorn's ``httptools`` protocol (what ``uvicorn[standard]`` picks), a request
+served while nothing shuts down does not go through the middleware at all: the protocol
+class hands it straight to the app with the :class:`~graceful.asgi.DrainSignal` in its
+scope, and counts it in one integer (the coordinator reads uvicorn's connections for the
+requests in flight: :meth:`~graceful.ShutdownCoordinator.add_request_source`).  At the
+shutdown request the server *adopts* the requests in flight — each is reported to the
+coordinator from then on and its task's end reports its end — and every request that
+starts later takes the middleware's full path (counted, timed, nudged).  When nudging
+begins, every request whose response has not started gets uvicorn's own ``keep_alive =
+False`` (httptools then writes ``Connection: close`` and closes after the response).  A
+request adopted this way and cut at stopping gets the middleware's 503, sent by the
+server before the cancellation.  Health, metrics and preStop paths, websockets and
+lifespan always go to the middleware.  With ``h11``, which writes no ``Connection:
+close`` for ``keep_alive = False``, every request takes the middleware's path.
 
 Signals: SIGTERM and SIGINT request shutdown (a second one escalates, a third exits at
 once), SIGQUIT stops at once.  uvicorn re-raises captured signals after shutdown so that
@@ -55,7 +60,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from types import FrameType
 from typing import Any
 
@@ -66,7 +71,7 @@ from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
 from ._signals import catch_signals
-from .asgi import ASGIApp, GracefulMiddleware, Receive, Scope, Send
+from .asgi import ASGIApp, GracefulMiddleware
 
 __all__ = ("Server", "run", "serve")
 
@@ -88,8 +93,25 @@ def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[An
     """
     base = getattr(base, "_graceful_base", base)
 
+    fast = counts and _is_httptools(base)
+    fp = server._fastpath
+    start_asgi_task = getattr(base, "_start_asgi_task", None)
+
     class Tracking(base):  # type: ignore[misc]
         _graceful_base = base
+
+        if fast and start_asgi_task is not None:
+
+            def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+                # The request goes straight to the app while nothing shuts down (see
+                # "The hot path"); uvicorn's limit_concurrency answer is left alone.
+                if fp.on and app is fp.middleware:
+                    scope = cycle.scope
+                    if scope["path"] not in fp.special_paths:
+                        scope["extensions"] = {"graceful": fp.drain_signal}
+                        fp.started += 1
+                        app = fp.app
+                start_asgi_task(self, cycle, app)
 
         if counts:
 
@@ -145,49 +167,6 @@ def _is_httptools(protocol_class: type[Any]) -> bool:
 
 
 @final
-class _ServerApp:
-    """The middleware's HTTP hot path, with the server's help (see "The hot path").
-
-    Everything but a plain HTTP request served while not nudging goes to the middleware.
-    """
-
-    __slots__ = ("_app", "_coordinator", "_health", "_middleware", "_nudging", "_signal")
-
-    def __init__(self, middleware: GracefulMiddleware) -> None:
-        self._middleware = middleware
-        self._app = middleware.app
-        self._coordinator = middleware.coordinator
-        self._health = middleware.health_endpoints
-        self._signal = middleware.drain_signal
-        self._nudging = middleware.coordinator.nudging
-
-    def on_phase(self) -> None:
-        self._nudging = self._coordinator.nudging
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._nudging or scope["path"] in self._health:
-            await self._middleware(scope, receive, send)
-            return
-        extensions = scope.get("extensions")
-        if extensions is None:
-            scope["extensions"] = {"graceful": self._signal}
-        else:
-            extensions["graceful"] = self._signal
-        coordinator = self._coordinator
-        sampled = coordinator.request_started()
-        try:
-            await self._app(scope, receive, send)
-        except asyncio.CancelledError:
-            # ``send`` is the bound method of uvicorn's RequestResponseCycle.
-            cycle = getattr(send, "__self__", None)
-            if coordinator.cutting and not getattr(cycle, "response_started", True):
-                await self._middleware.cut(scope, send)
-            raise
-        finally:
-            coordinator.request_finished(sampled)
-
-
-@final
 class Server(uvicorn.Server):
     """A :class:`uvicorn.Server` whose shutdown follows a coordinator's policy.
 
@@ -231,7 +210,7 @@ class Server(uvicorn.Server):
         self._listening = True
         self._closing: asyncio.Future[Any] | None = None
         self._signals_captured = False
-        self._server_app: _ServerApp | None = None
+        self._fastpath = _FastPath()
         self._nudged = False
         self.coordinator.subscribe(self._on_phase)
 
@@ -245,11 +224,20 @@ class Server(uvicorn.Server):
             middleware = GracefulMiddleware(
                 config.loaded_app, coordinator=self.coordinator, **self._middleware_options
             )
-            if _is_httptools(config.http_protocol_class):
-                self._server_app = _ServerApp(middleware)
-                config.loaded_app = self._server_app
-            else:
-                config.loaded_app = middleware
+            config.loaded_app = middleware
+            c = self.coordinator
+            protocol = config.http_protocol_class
+            if (
+                _is_httptools(protocol)
+                and hasattr(protocol, "_start_asgi_task")  # uvicorn 0.50 to 0.54 have it
+                and not c.shutdown_requested
+            ):
+                fp = self._fastpath
+                fp.middleware, fp.app = middleware, middleware.app
+                fp.special_paths = middleware.health_endpoints
+                fp.drain_signal = middleware.drain_signal
+                fp.on = True
+                c.add_request_source(self._fast_requests)
         self._http_class = _tracking_class(config.http_protocol_class, self, counts=True)
         config.http_protocol_class = self._http_class
         if config.ws_protocol_class is not None:
@@ -354,11 +342,13 @@ class Server(uvicorn.Server):
             connection.shutdown()
 
     def _on_phase(self, phase: Phase) -> None:
-        if self._server_app is not None:
-            self._server_app.on_phase()
-            if self.coordinator.nudging and not self._nudged:
-                self._nudged = True
-                self._nudge_in_flight()
+        fp = self._fastpath
+        if fp.on:
+            fp.on = False
+            self._adopt_fast_requests()
+        if fp.middleware is not None and self.coordinator.nudging and not self._nudged:
+            self._nudged = True
+            self._nudge_in_flight()
         if phase >= Phase.DRAINING:
             self._stop_listening()
             if phase is Phase.DRAINING and self._loop is not None:
@@ -381,6 +371,37 @@ class Server(uvicorn.Server):
             self.should_exit = True
             if self._wake is not None and not self._wake.done():
                 self._wake.set_result(None)
+
+    def _fast_tasks(self) -> list[tuple[asyncio.Task[Any], Any]]:
+        """The running request tasks the fast path started, with their cycles."""
+        found = []
+        app = self._fastpath.app
+        for task in self.server_state.tasks:
+            if task.done():
+                continue
+            # uvicorn's task runs ``cycle.run_asgi(app)``: its frame holds both.
+            frame = getattr(task.get_coro(), "cr_frame", None)
+            if frame is not None and frame.f_locals.get("app") is app:
+                found.append((task, frame.f_locals.get("self")))
+        return found
+
+    def _fast_requests(self) -> tuple[int, int]:
+        """The coordinator's request source (in flight, started) for the fast path."""
+        fp = self._fastpath
+        return (len(self._fast_tasks()) if fp.on else 0), fp.started
+
+    def _adopt_fast_requests(self) -> None:
+        """Shutdown was requested: report the fast path's requests still running to the
+        coordinator, each until its task ends (a response may be complete while the app
+        still runs, e.g. a background task); every later request takes the middleware.
+        """
+        c = self.coordinator
+        running = self._fast_tasks()
+        for task, cycle in running:
+            if cycle is not None:
+                cycle.graceful_adopted = True
+            task.add_done_callback(_finisher(c, c.request_started()))
+        self._fastpath.started -= len(running)  # counted by the coordinator from now on
 
     def _nudge_in_flight(self) -> None:
         """Nudging began: requests whose response has not started close their
@@ -448,6 +469,35 @@ class Server(uvicorn.Server):
             c.request_shutdown("server exit", drain_now=True)
         await self._tick_until(Phase.STOPPED)
 
+    async def _answer_adopted_cut(self, timeout_s: float) -> None:
+        """Before the cut: a request adopted from the fast path has no middleware around
+        it to answer 503, so the server sends it (as the middleware would) when its
+        response has not started; the app's task is cancelled right after."""
+        middleware = self._fastpath.middleware
+        if middleware is None:
+            return
+        cycles = [
+            cycle
+            for cycle in self._fast_cycles_adopted()
+            if not cycle.response_started and not cycle.disconnected
+        ]
+        if cycles:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(middleware.cut(cy.scope, cy.send) for cy in cycles)),
+                    max(0.001, timeout_s),
+                )
+
+    def _fast_cycles_adopted(self) -> list[Any]:
+        connection: Any
+        cycle: Any
+        cycles = []
+        for connection in self.server_state.connections:
+            cycle = getattr(connection, "cycle", None)
+            if getattr(cycle, "graceful_adopted", False) and not cycle.response_complete:
+                cycles.append(cycle)
+        return cycles
+
     async def _finish(self) -> None:
         """Stopping: let websockets close with 1001, cut requests, run lifespan shutdown.
 
@@ -472,6 +522,7 @@ class Server(uvicorn.Server):
         tasks = [t for t in self.server_state.tasks if not t.done()]
         if tasks:
             logger.warning("cutting %d request(s) still running", len(tasks))
+            await self._answer_adopted_cut(c.time_left_s(exit_by, at_most_s=1.0) / 2)
             for task in tasks:
                 task.cancel(msg="graceful: stopping")
             left = c.time_left_s(exit_by, at_most_s=1.0)
@@ -487,6 +538,32 @@ class Server(uvicorn.Server):
                 await asyncio.wait_for(self.lifespan.shutdown(), left)
             except asyncio.TimeoutError:
                 logger.error("lifespan shutdown did not finish within %.3g s; abandoned", left)
+
+
+@final
+class _FastPath:
+    """The hot path's state, read per request (slots: a fixed offset each)."""
+
+    __slots__ = ("app", "drain_signal", "middleware", "on", "special_paths", "started")
+
+    def __init__(self) -> None:
+        self.on = False  # while nothing shuts down, with httptools
+        self.middleware: GracefulMiddleware | None = None
+        self.app: ASGIApp | None = None  # what the middleware wraps
+        self.special_paths: Any = frozenset()  # health, metrics, preStop
+        self.drain_signal: Any = None
+        self.started = 0  # requests it started (less those adopted)
+
+
+def _finisher(
+    coordinator: ShutdownCoordinator, sampled: float | None
+) -> Callable[[asyncio.Task[Any]], None]:
+    """A done callback that reports the end of an adopted request."""
+
+    def finished(task: asyncio.Task[Any]) -> None:
+        coordinator.request_finished(sampled)
+
+    return finished
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

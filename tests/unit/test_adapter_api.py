@@ -49,6 +49,7 @@ ADAPTER_API = (
     "track_request",
     "track_session",
     "report_activity",
+    "add_request_source",
     "add_stopping_step",
     "subscribe",
     "start_background",
@@ -219,3 +220,32 @@ async def test_request_shutdown_from_another_thread_runs_on_the_loop_thread(
     assert called[0] != loop_thread
     assert threads[0] == (Phase.ACCEPTING, loop_thread)
     assert {ident for _, ident in threads} == {loop_thread}
+
+
+@pytest.mark.anyio
+async def test_a_request_source_adds_to_the_counts_until_its_requests_are_reported() -> None:
+    """A server that counts its own requests while nothing shuts down (graceful's uvicorn
+    server): the coordinator adds them, and the server reports them itself at the
+    shutdown request (adopted, they leave the source)."""
+    c = ShutdownCoordinator(policy=ServeUntilKilled())
+    own = {"in_flight": 2, "started": 5}
+    c.add_request_source(lambda: (own["in_flight"], own["started"]))
+    s = c.statistics()
+    assert (s.requests, s.requests_total) == (2, 5)
+    assert not c.drained
+    with pytest.raises(RuntimeError, match="request source already"):
+        c.add_request_source(lambda: (0, 0))
+
+    def adopt(phase: Phase) -> None:  # what the server does at the first phase change
+        for _ in range(own["in_flight"]):
+            c.request_started()
+        own["started"] -= own["in_flight"]
+        own["in_flight"] = 0
+
+    c.subscribe(adopt)
+    c.request_shutdown("test")
+    s = c.statistics()
+    assert (s.requests, s.requests_total, s.requests_after_shutdown) == (2, 5, 0)
+    c.request_finished()
+    c.request_finished()
+    assert c.drained
