@@ -262,3 +262,38 @@ def test_graceful_run_metrics_path_follows_the_drain(server_name: str) -> None:
         assert server.wait_exit() == 0
     finally:
         server.stop()
+
+
+def test_graceful_run_workers_share_one_view_and_a_killed_worker_is_marked_dead(
+    tmp_path: Path,
+) -> None:
+    """``graceful run --workers 2`` with ``PROMETHEUS_MULTIPROC_DIR``: any worker's
+    endpoint shows both; a worker killed with SIGKILL (no chance to clean up) is marked
+    dead by the parent, so its live gauges leave the sums, and its replacement counts."""
+    directory = tmp_path / "prometheus"
+    directory.mkdir()
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
+    server = ServerProcess(
+        [
+            *(sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0"),
+            *("--workers", "2", "--metrics-path", "/metrics", "--grace-period", "20"),
+            *("--policy", "refuse-immediately"),
+        ],
+        env={**environment, "PROMETHEUS_MULTIPROC_DIR": str(directory)},
+    )
+    try:
+        match = server.wait_for_line(r"with 2 workers \(pids (\d+), (\d+)\)")
+        pids = [int(match[1]), int(match[2])]
+        port = int(server.wait_for_line(r"listening on http://127\.0\.0\.1:(\d+)")[1])
+        _scrape_until(port, lambda m: m.get("graceful_phase[serving]") == 2.0)
+        assert list(directory.glob(f"gauge_live*_{pids[0]}.db"))
+        os.kill(pids[0], signal.SIGKILL)
+        server.wait_for_line(rf"worker {pids[0]} died")
+        server.wait_for_line(r"worker \d+ serves|started worker|booted", timeout_s=20)
+        _scrape_until(port, lambda m: m.get("graceful_phase[serving]") == 2.0)
+        assert not list(directory.glob(f"gauge_live*_{pids[0]}.db"))  # marked dead
+        server.signal(signal.SIGTERM)
+        assert server.wait_exit(timeout_s=30) == 0
+    finally:
+        server.stop()
+    assert not list(directory.glob("gauge_live*"))  # every worker cleaned up or was marked
