@@ -58,13 +58,7 @@ def test_fastapi_app_finishes_in_flight_request(started: list[ServerProcess]) ->
 def test_uvicorn_run_example_drains(started: list[ServerProcess]) -> None:
     server = ServerProcess([sys.executable, "-m", "examples.uvicorn_run", "--port", "0"])
     started.append(server)
-    port = _uvicorn_port(server)
-    client = RawHTTP(port)
-    client.send("/slow?s=1")
-    server.wait_for_line(r"slow request started")
-    server.signal(signal.SIGTERM)
-    assert client.response()[::2] == (200, b"slept 1\n")
-    assert server.wait_exit(EXIT_DEADLINE_S) == 0
+    _slow_request_drains(server, _uvicorn_port(server))
 
 
 def test_sse_stream_ends_with_its_last_event(started: list[ServerProcess]) -> None:
@@ -154,12 +148,7 @@ def test_asyncio_http_example_finishes_in_flight_request(started: list[ServerPro
     )  # fmt: skip
     started.append(server)
     port = int(server.wait_for_line(r"listening on 127\.0\.0\.1:(\d+)").group(1))
-    client = RawHTTP(port)
-    client.send("/slow?s=1")
-    server.wait_for_line(r"request started: /slow")
-    server.signal(signal.SIGTERM)
-    assert client.response()[::2] == (200, b"slept 1\n")
-    assert server.wait_exit(EXIT_DEADLINE_S) == 0
+    _slow_request_drains(server, port, started=r"request started: /slow")
 
 
 def test_gunicorn_conf_drains_workers(started: list[ServerProcess]) -> None:
@@ -185,11 +174,13 @@ def test_gunicorn_conf_drains_workers(started: list[ServerProcess]) -> None:
     assert server.output().count("stopping -> stopped") == 2
 
 
-def _slow_request_drains(server: ServerProcess, port: int) -> None:
+def _slow_request_drains(
+    server: ServerProcess, port: int, *, started: str = r"slow request started"
+) -> None:
     """A request in flight at SIGTERM is answered, then the process exits 0."""
     client = RawHTTP(port)
     client.send("/slow?s=1")
-    server.wait_for_line(r"slow request started")
+    server.wait_for_line(started)
     server.signal(signal.SIGTERM)
     assert client.response()[::2] == (200, b"slept 1\n")
     assert server.wait_exit(EXIT_DEADLINE_S) == 0
