@@ -77,6 +77,11 @@ __all__ = ("Server", "run", "serve")
 
 logger = logging.getLogger("graceful")
 
+#: uvicorn's httptools cycle writes ``Connection: close`` for ``keep_alive = False``
+#: from 0.53 on.
+_KEEP_ALIVE_WRITES_CLOSE = tuple(int(p) for p in uvicorn.__version__.split(".")[:2]) >= (0, 53)
+_CLOSE_HEADER = (b"connection", b"close")
+
 #: The signals this server handles (uvicorn's SIGINT and SIGTERM, plus SIGQUIT).
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
 
@@ -405,12 +410,21 @@ class Server(uvicorn.Server):
 
     def _nudge_in_flight(self) -> None:
         """Nudging began: requests whose response has not started close their
-        connection after it, with ``Connection: close`` (httptools writes it)."""
+        connection after it, with ``Connection: close``.
+
+        uvicorn 0.53+ writes the header for ``keep_alive = False``; before, its httptools
+        cycle writes it only when the *request* carried it, so there the header joins the
+        request's header list too (a hop-by-hop header, meant for this connection).
+        """
         connection: Any
         for connection in self.server_state.connections:
             cycle = getattr(connection, "cycle", None) if self._is_http(connection) else None
             if cycle is not None and not cycle.response_started:
                 cycle.keep_alive = False
+                if not _KEEP_ALIVE_WRITES_CLOSE:
+                    headers = cycle.scope["headers"]
+                    if _CLOSE_HEADER not in headers:
+                        headers.append(_CLOSE_HEADER)
 
     def _stop_listening(self) -> None:
         if not self._listening or self._loop is None:
