@@ -11,14 +11,13 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from integration.servers import POLICIES, RawHTTP, ServerProcess, graceful_run
+from integration.servers import POLICIES, RawHTTP, ServerProcess, graceful_run, wait_for
 
 #: The longest any example may take from SIGTERM to its exit.
 EXIT_DEADLINE_S = 15.0
@@ -255,10 +254,7 @@ def test_gunicorn_multiprocess_conf_marks_killed_workers_dead(
     server.wait_for_line(r"Application startup complete", count=2)
     killed = int(server.wait_for_line(r"Booting worker with pid: (\d+)").group(1))
     live = f"*live*_{killed}.db"
-    deadline = time.monotonic() + 10
-    while not list(tmp_path.glob(live)):  # the worker writes its live gauges
-        assert time.monotonic() < deadline, sorted(p.name for p in tmp_path.iterdir())
-        time.sleep(0.1)
+    wait_for(lambda: list(tmp_path.glob(live)), 10, f"worker {killed} writes its live gauges")
     os.kill(killed, signal.SIGKILL)
     server.wait_for_line(r"Booting worker with pid: (\d+)", count=3)  # its replacement
     assert not list(tmp_path.glob(live))  # child_exit dropped them

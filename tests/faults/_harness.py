@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from integration.servers import ServerProcess
+from integration.servers import ServerProcess, wait_for
 
 __all__ = (
     "APP",
@@ -61,20 +61,6 @@ STOPPED = r"stopping -> stopped"
 
 
 # ----------------------------------------------------------------------- waiting
-
-
-def wait_for(condition: object, timeout_s: float, what: str, *, poll_s: float = 0.005) -> None:
-    """Poll ``condition()`` (a cheap read of /proc or of a socket) until true.
-
-    Raises:
-        AssertionError: naming ``what`` if ``timeout_s`` elapsed first.
-    """
-    assert callable(condition)
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(poll_s)
 
 
 # ------------------------------------------------------------------------ /proc

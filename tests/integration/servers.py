@@ -145,6 +145,20 @@ def stock_uvicorn(*options: str, app: str = "examples.asgi_app:app") -> ServerPr
     return server
 
 
+def wait_for(condition: object, timeout_s: float, what: str, *, poll_s: float = 0.005) -> None:
+    """Poll ``condition()`` (a cheap read of /proc or of a socket) until true.
+
+    Raises:
+        AssertionError: naming ``what`` if ``timeout_s`` elapsed first.
+    """
+    assert callable(condition)
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(poll_s)
+
+
 def connection_refused(port: int) -> bool:
     """``True`` if a TCP connect to ``port`` is refused (not accepted, not reset)."""
     try:
