@@ -46,12 +46,13 @@ def start(servers: list[ServerProcess], *options: str) -> ServerProcess:
     return server
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])  # uvloop hides accept races
 @pytest.mark.parametrize("http", ["h11", "httptools"])
 @pytest.mark.parametrize("policy", list(POLICIES))
 def test_request_in_flight_at_sigterm_completes(
-    servers: list[ServerProcess], policy: str, http: str
+    servers: list[ServerProcess], policy: str, http: str, loop: str
 ) -> None:
-    server = start(servers, *POLICIES[policy], "--http", http)
+    server = start(servers, *POLICIES[policy], "--http", http, "--loop", loop)
     client = RawHTTP(server.port)
     client.send("/slow?s=1")
     server.wait_for_line(r"slow request started")
