@@ -8,6 +8,8 @@ Routes:
     ``/slow?s=2``      answers after 2 seconds
     ``/sse?n=100``     a server-sent-event stream that ends cleanly when draining begins
     ``/ws``            a websocket echo
+    ``/signal``        what the request's DrainSignal says (``draining=False``), or
+                       ``no drain signal`` when no graceful server or middleware set one
 Lifespan startup and shutdown print ``lifespan startup`` / ``lifespan shutdown`` (the
 tests check that shutdown still runs after a cut drain).
 """
@@ -65,6 +67,12 @@ async def sse(request: Request) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+async def drain_state(request: Request) -> Response:
+    signal = graceful.asgi.drain_signal(request.scope)
+    text = "no drain signal" if signal is None else f"draining={signal.draining}"
+    return PlainTextResponse(text + "\n")
+
+
 async def echo(websocket: WebSocket) -> None:
     await websocket.accept()
     say("websocket accepted")
@@ -87,6 +95,7 @@ app = Starlette(
         Route("/", hello),
         Route("/slow", slow),
         Route("/sse", sse),
+        Route("/signal", drain_state),
         WebSocketRoute("/ws", echo),
     ],
     lifespan=lifespan,

@@ -95,50 +95,41 @@ def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[An
     A websocket upgrade hands the transport from the HTTP protocol to a websocket
     protocol without calling the HTTP protocol's ``connection_lost``, so connections
     are closed per transport: whichever protocol holds it last reports the close.
+
+    The subclass adds no instance attribute: uvicorn's httptools protocol has 28, and
+    CPython 3.11 keeps the attributes of an instance with more than 30 in a plain hashed
+    dict instead of the shared-key layout its attribute caches specialise on — every
+    ``self.…`` in uvicorn's per-request code would get slower (about 2,000 instructions
+    per request, measured with ``benchmarks/server_instructions.py``).
     """
     base = getattr(base, "_graceful_base", base)
-
-    fast = counts and _is_httptools(base)
-    fp = server._fastpath
-    start_asgi_task = getattr(base, "_start_asgi_task", None)
 
     class Tracking(base):  # type: ignore[misc]
         _graceful_base = base
 
-        if fast and start_asgi_task is not None:
-
-            def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-                # The request goes straight to the app while nothing shuts down (see
-                # "The hot path"); uvicorn's limit_concurrency answer is left alone.
-                if fp.on and app is fp.middleware:
-                    scope = cycle.scope
-                    if scope["path"] not in fp.special_paths:
-                        scope["extensions"] = {"graceful": fp.drain_signal}
-                        fp.started += 1
-                        app = fp.app
-                start_asgi_task(self, cycle, app)
+        _graceful_counted = counts  # every instance was counted when it was created
 
         if counts:
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 server._handovers.protocol_created()
-                self._graceful_counted = True
                 super().__init__(*args, **kwargs)
 
         def connection_made(self, transport: asyncio.BaseTransport, *args: Any) -> None:
-            self._graceful_transport = transport
             server._transport_made(self, transport)
             super().connection_made(transport, *args)
 
         def connection_lost(self, exc: Exception | None) -> None:
+            transport = server._transport_of(self)
             try:
                 super().connection_lost(exc)
             finally:
-                transport = getattr(self, "_graceful_transport", None)
                 if transport is not None:
                     server._transport_closed(transport)
 
     Tracking.__name__ = Tracking.__qualname__ = f"Graceful{base.__name__}"
+    if counts and server._fastpath.on:
+        server._fastpath.install(Tracking, base, server)
     return Tracking
 
 
@@ -237,11 +228,7 @@ class Server(uvicorn.Server):
                 and hasattr(protocol, "_start_asgi_task")  # uvicorn 0.50 to 0.54 have it
                 and not c.shutdown_requested
             ):
-                fp = self._fastpath
-                fp.middleware, fp.app = middleware, middleware.app
-                fp.special_paths = middleware.health_endpoints
-                fp.drain_signal = middleware.drain_signal
-                fp.on = True
+                self._fastpath.prepare(middleware)
                 c.add_request_source(self._fast_requests)
         self._http_class = _tracking_class(config.http_protocol_class, self, counts=True)
         config.http_protocol_class = self._http_class
@@ -333,6 +320,12 @@ class Server(uvicorn.Server):
             # same window for its first request as the idle ones at draining.
             self._loop.call_later(self.idle_grace_s, self._shutdown_connection, protocol)
 
+    def _transport_of(self, protocol: Any) -> asyncio.BaseTransport | None:
+        # uvicorn's protocols (HTTP and websocket) keep theirs as ``transport``; no
+        # attribute of our own on them (see _tracking_class).
+        transport = getattr(protocol, "transport", None)
+        return transport if transport in self._transports else None
+
     def _transport_closed(self, transport: asyncio.BaseTransport) -> None:
         if transport in self._transports:
             self._transports.discard(transport)
@@ -349,7 +342,7 @@ class Server(uvicorn.Server):
     def _on_phase(self, phase: Phase) -> None:
         fp = self._fastpath
         if fp.on:
-            fp.on = False
+            fp.uninstall()
             self._adopt_fast_requests()
         if fp.middleware is not None and self.coordinator.nudging and not self._nudged:
             self._nudged = True
@@ -556,9 +549,16 @@ class Server(uvicorn.Server):
 
 @final
 class _FastPath:
-    """The hot path's state, read per request (slots: a fixed offset each)."""
+    """The hot path (see "The hot path" in the module docs).
 
-    __slots__ = ("app", "drain_signal", "middleware", "on", "special_paths", "started")
+    While it is on, the HTTP protocol class has a ``_start_asgi_task`` of its own that
+    hands a request straight to the app; the first phase change removes it from the
+    class, so that uvicorn's own method runs again and every later request takes the
+    middleware.  Everything that method reads is bound in its closure: no ``on`` flag,
+    no attribute lookups per request.
+    """
+
+    __slots__ = ("_classes", "app", "drain_signal", "middleware", "on", "special_paths", "started")
 
     def __init__(self) -> None:
         self.on = False  # while nothing shuts down, with httptools
@@ -567,6 +567,101 @@ class _FastPath:
         self.special_paths: Any = frozenset()  # health, metrics, preStop
         self.drain_signal: Any = None
         self.started = 0  # requests it started (less those adopted)
+        self._classes: list[type[Any]] = []
+
+    def prepare(self, middleware: GracefulMiddleware) -> None:
+        self.middleware, self.app = middleware, middleware.app
+        self.special_paths = middleware.health_endpoints
+        self.drain_signal = middleware.drain_signal
+        self.on = True
+
+    def install(self, cls: type[Any], base: type[Any], server: Server) -> None:
+        """Give ``cls`` (a tracking subclass of uvicorn's httptools protocol) the fast
+        ``_start_asgi_task``.
+
+        Where uvicorn's own method is the one of 0.50 to 0.54 (checked by the names it
+        uses) and ``reset_contextvars`` is off, its three lines — create the task, let
+        the server's task set hold it until it ends — are inlined, with everything
+        they look up bound once: the call through to it costs more than the rest of
+        the fast path.  Otherwise the fast path calls uvicorn's method.
+        """
+        start_asgi_task = getattr(base, "_start_asgi_task", None)
+        if start_asgi_task is None or not _is_httptools(base):
+            return
+        middleware, app, special_paths = self.middleware, self.app, self.special_paths
+        drain_signal, fp = self.drain_signal, self
+        fast: Callable[[Any, Any, Any], None]
+        if (
+            _is_uvicorns_start_asgi_task(start_asgi_task)
+            and not getattr(server.config, "reset_contextvars", False)
+            and server._loop is not None
+        ):
+            create_task = server._loop.create_task
+            add, discard = server.server_state.tasks.add, server.server_state.tasks.discard
+
+            def fast(protocol: Any, cycle: Any, asgi_app: Any) -> None:
+                scope = cycle.scope
+                # uvicorn's limit_concurrency answer (another app) is left alone.
+                if asgi_app is not middleware or scope["path"] in special_paths:
+                    return start_asgi_task(protocol, cycle, asgi_app)  # type: ignore[no-any-return]
+                scope["extensions"] = {"graceful": drain_signal}
+                fp.started += 1
+                task = create_task(cycle.run_asgi(app))
+                task.add_done_callback(discard)
+                add(task)
+                return None
+
+        else:
+
+            def fast(protocol: Any, cycle: Any, asgi_app: Any) -> None:
+                scope = cycle.scope
+                if asgi_app is middleware and scope["path"] not in special_paths:
+                    scope["extensions"] = {"graceful": drain_signal}
+                    fp.started += 1
+                    asgi_app = app
+                start_asgi_task(protocol, cycle, asgi_app)
+
+        cls._start_asgi_task = fast
+        self._classes.append(cls)
+
+    def uninstall(self) -> None:
+        """Shutdown was requested: uvicorn's own method from now on."""
+        self.on = False
+        for cls in self._classes:
+            with contextlib.suppress(AttributeError):
+                del cls._start_asgi_task
+        self._classes.clear()
+
+
+#: The names uvicorn's ``HttpToolsProtocol._start_asgi_task`` uses, 0.50 to 0.54.
+_START_ASGI_TASK_NAMES = frozenset(
+    (
+        "Context",
+        "add",
+        "add_done_callback",
+        "config",
+        "contextvars",
+        "create_task",
+        "discard",
+        "loop",
+        "reset_contextvars",
+        "run",
+        "run_asgi",
+        "sys",
+        "tasks",
+        "version_info",
+    )
+)
+
+
+def _is_uvicorns_start_asgi_task(method: Any) -> bool:
+    """``method`` is uvicorn's own ``_start_asgi_task`` as the fast path inlines it."""
+    code = getattr(method, "__code__", None)
+    return (
+        code is not None
+        and getattr(method, "__module__", None) == "uvicorn.protocols.http.httptools_impl"
+        and frozenset(code.co_names) == _START_ASGI_TASK_NAMES
+    )
 
 
 def _finisher(
