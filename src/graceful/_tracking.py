@@ -56,9 +56,7 @@ class _RequestTracker:
         self._c = coordinator
 
     def __enter__(self) -> None:
-        c = self._c
-        c._requests += 1
-        c._requests_total += 1
+        self._c._requests_total += 1
 
     def __exit__(
         self,
@@ -67,8 +65,8 @@ class _RequestTracker:
         tb: TracebackType | None,
     ) -> None:
         c = self._c
-        c._requests -= 1
-        if not c._requests and c._zero_waiters:
+        c._requests_done += 1
+        if c._zero_waiters and c._requests_done == c._requests_total:
             c._notify()
 
 
@@ -106,7 +104,7 @@ class Session:
     ) -> None:
         c = self._c
         c._sessions.discard(self)
-        if not c._sessions and c._zero_waiters:
+        if c._zero_waiters and not c._sessions:
             c._notify()
 
     def _request_drain(self) -> None:
@@ -140,7 +138,7 @@ class Tracking:
         "_previous_max",
         "_request_source",
         "_request_tracker",
-        "_requests",
+        "_requests_done",
         "_requests_total",
         "_samples",
         "_sessions",
@@ -153,8 +151,10 @@ class Tracking:
     def __init__(self) -> None:
         self._draining = False  # phase >= DRAINING, read on the hot path
         self._nudging = False  # clients should be told to close their connection
-        self._requests = 0
+        # Requests started and requests finished; in flight is the difference (one
+        # integer to update per request event instead of two).
         self._requests_total = 0
+        self._requests_done = 0
         self._connections = 0
         self._connections_total = 0
         self._closed_draining = 0  # connections closed while draining (not stopping)
@@ -183,6 +183,11 @@ class Tracking:
             self._clock = clock
         return clock()
 
+    @property
+    def _requests(self) -> int:
+        """Requests reported in flight (not those of a request source)."""
+        return self._requests_total - self._requests_done
+
     def _notify(self) -> None:
         event, self._changed = self._changed, None
         if event is not None:
@@ -193,7 +198,7 @@ class Tracking:
     def track_request(self) -> _RequestTracker:
         """Return a context manager that counts one in-flight request.
 
-        ``with coordinator.track_request(): ...`` costs two integer updates; the object
+        ``with coordinator.track_request(): ...`` costs one integer update each way; the object
         returned is shared, so it needs no allocation.
         """
         return self._request_tracker
@@ -205,16 +210,15 @@ class Tracking:
         returned: the start time of a request sampled for the duration estimate, else
         ``None``.
         """
-        self._requests += 1
         self._requests_total += 1
         return self._now() if self._timing else None
 
     def request_finished(self, started_at: float | None = None) -> None:
         """The request counted by :meth:`request_started` ended (however it ended)."""
-        self._requests -= 1
+        self._requests_done += 1
         if started_at is not None:
             self._sample(self._now() - started_at)
-        if not self._requests and self._zero_waiters:
+        if self._zero_waiters and self._requests_done == self._requests_total:
             self._notify()
 
     def _sample(self, duration: float) -> None:
@@ -286,7 +290,7 @@ class Tracking:
         self._connections -= 1
         if self._draining:
             self._closed_draining += 1
-        if not self._connections and self._zero_waiters:
+        if self._zero_waiters and not self._connections:
             self._notify()
 
     def report_activity(self) -> None:

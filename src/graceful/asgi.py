@@ -198,16 +198,13 @@ class GracefulMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if self._health:
-                health = self._health.get(scope["path"])
-                if health is not None:
-                    await health(scope, receive, send)
-                    return
-            extensions = scope.get("extensions")
-            if extensions is None:
+            if scope["path"] in self._health:
+                await self._health[scope["path"]](scope, receive, send)
+                return
+            if "extensions" in scope:  # the server's dict for this request
+                scope["extensions"]["graceful"] = self._signal
+            else:
                 scope["extensions"] = {"graceful": self._signal}
-            else:  # the server's dict for this request
-                extensions["graceful"] = self._signal
             # The hot path, kept flat.  The send wrapper is needed even while serving: a
             # request that started before SIGTERM must still nudge its client, and a cut
             # request must know whether its response started.
