@@ -8,8 +8,10 @@ with ``benchmarks/server_instructions.py``.)
 Counts machine instructions with ``valgrind --tool=callgrind`` — repeatable on a noisy,
 shared machine where wall-clock differences of a few percent are lost in the noise.  Each
 variant runs twice (a short and a long run); the difference divided by the extra calls is
-the per-request cost, free of start-up.  ``--src`` runs another checkout's ``src`` (e.g. a
-``git worktree`` of the previous release) side by side, for a before/after figure.
+the per-request cost, free of start-up.  ``tracked`` is one turn of the loop
+``with coordinator.track_request(): handler()`` (``benchmarks/tracking.py``).  ``--src``
+runs another checkout's ``src`` (e.g. a ``git worktree`` of the previous release) side by
+side, for a before/after figure.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ from benchmarks.tracking import asgi_ns
 from graceful._demo.app import app
 from graceful.asgi import GracefulMiddleware
 from graceful import ShutdownCoordinator
-target = GracefulMiddleware(app, coordinator=ShutdownCoordinator()) if sys.argv[1] == "mw" else app
-anyio.run(asgi_ns, target, int(sys.argv[2]))
+if sys.argv[1] == "track":
+    from benchmarks.tracking import tracked
+    tracked(int(sys.argv[2]), ShutdownCoordinator())
+else:
+    coordinator = ShutdownCoordinator()
+    target = GracefulMiddleware(app, coordinator=coordinator) if sys.argv[1] == "mw" else app
+    anyio.run(asgi_ns, target, int(sys.argv[2]))
 """
 
 
@@ -75,11 +82,12 @@ def main() -> int:
         print("valgrind not found; install it (Debian: apt install valgrind)")
         return 1
     print(f"instructions per request, {args.calls:,} calls")
-    print(f"{'src':>40} {'bare app':>10} {'middleware':>11} {'overhead':>9}")
+    print(f"{'src':>40} {'bare app':>10} {'middleware':>11} {'overhead':>9} {'tracked':>8}")
     for src in [ROOT / "src", *args.src]:
         bare = per_request("app", args.calls, src)
         mw = per_request("mw", args.calls, src)
-        print(f"{str(src)[-40:]:>40} {bare:10.0f} {mw:11.0f} {mw - bare:9.0f}")
+        track = per_request("track", args.calls * 10, src)
+        print(f"{str(src)[-40:]:>40} {bare:10.0f} {mw:11.0f} {mw - bare:9.0f} {track:8.0f}")
     return 0
 
 

@@ -1,18 +1,27 @@
 """Server instructions per request: bare uvicorn against graceful's uvicorn server.
 
-    python benchmarks/server_instructions.py [--requests 4000] [--repeats 1]
+    python benchmarks/server_instructions.py [--requests 4000] [--repeats 1] [--connections 8]
 
 The whole server process — uvicorn, httptools, the event loop, the app and graceful — runs
 under ``valgrind --tool=callgrind``, which counts the machine instructions it executes:
 repeatable on a noisy, shared machine where a few percent of throughput are lost in the
-noise.  Each server serves a short and a long run of keep-alive requests from one client
-connection (a plain socket in this process); the difference of the two counts divided by
-the extra requests is the cost per request, free of start-up and shutdown.  Both servers
-use httptools and the asyncio loop, the same hello-world app (``benchmarks.apps:bare``),
-and are measured alternately in the same run.
+noise.  Each server serves a short and a long run of keep-alive requests over
+``--connections`` client connections, one request in flight on each (plain sockets in
+this process); the difference of the two counts divided by the extra requests is the cost
+per request, free of start-up, shutdown and per-connection work.  Both servers use
+httptools and the asyncio loop, the same hello-world app (``benchmarks.apps:bare``), and
+are measured alternately in the same run.
+
+With several connections the server always has a request waiting (under callgrind it is
+by far the slower side), so the event loop batches the same way in every run: what a
+loaded server does.  With ``--connections 1`` (ping-pong) whether the loop finds the next
+request already there or sleeps for it depends on timing, which moves the count by about
+±1,000 instructions per request between runs of the *same* server.
 
 ``bare``: :func:`uvicorn.run`.  ``graceful``: :func:`graceful.uvicorn.run` (what
 ``graceful run`` serves with), refuse-immediately so that SIGTERM ends it at once.
+``--control`` adds ``graceful.uvicorn.run(wrap_app=False)``: graceful's server with no
+per-request work of its own, which shows the measurement's own spread.
 """
 
 from __future__ import annotations
@@ -20,9 +29,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import selectors
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,28 +49,56 @@ SERVERS = {
         "graceful.uvicorn.run({app!r}, policy=graceful.RefuseImmediately(), **{kw!r})"
     ),
 }
+CONTROL = {"graceful, no middleware": SERVERS["graceful"].replace("(), ", "(), wrap_app=False, ")}
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
 
 
-def drive(sock: socket.socket, requests: int) -> None:
-    """Send ``requests`` keep-alive requests one after the other, reading each response."""
-    buffer = b""
-    for _ in range(requests):
-        sock.sendall(REQUEST)
-        while True:
-            head, sep, rest = buffer.partition(b"\r\n\r\n")
-            if sep:
-                length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])  # type: ignore[index]
-                if len(rest) >= length:
-                    buffer = rest[length:]
-                    break
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise ConnectionError("the server closed the connection")
-            buffer += chunk
+def _response_end(buffer: bytes) -> int:
+    """The length of the first complete response in ``buffer``, or 0."""
+    head, sep, rest = buffer.partition(b"\r\n\r\n")
+    if not sep:
+        return 0
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])  # type: ignore[index]
+    return len(head) + len(sep) + length if len(rest) >= length else 0
 
 
-def instructions(server: str, requests: int) -> int:
+def drive(socks: list[socket.socket], requests: int) -> None:
+    """Send ``requests`` keep-alive requests over ``socks``, one in flight on each.
+
+    Each connection sends its next request as soon as its response is complete; with
+    several connections the server always has a request waiting (under callgrind it is
+    the slow side by far), so the event loop batches them the same way in every run.
+    """
+    buffers = {sock: b"" for sock in socks}
+    left = {
+        sock: requests // len(socks) + (i < requests % len(socks)) for i, sock in enumerate(socks)
+    }
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            if left[sock]:
+                sock.sendall(REQUEST)
+                selector.register(sock, selectors.EVENT_READ)
+        while selector.get_map():
+            ready = selector.select(timeout=60)
+            if not ready:
+                raise TimeoutError("no response within 60 s")
+            for key, _ in ready:
+                sock = key.fileobj  # type: ignore[assignment]
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("the server closed the connection")
+                buffers[sock] += chunk
+                while end := _response_end(buffers[sock]):
+                    buffers[sock] = buffers[sock][end:]
+                    left[sock] -= 1
+                    if left[sock]:
+                        sock.sendall(REQUEST)
+                    else:
+                        selector.unregister(sock)
+
+
+def instructions(server: str, requests: int, connections: int) -> int:
+    """The instructions a server runs to start, serve ``requests`` and stop."""
     port = free_port()
     kw = {
         "host": "127.0.0.1",
@@ -69,7 +108,7 @@ def instructions(server: str, requests: int) -> int:
         "log_level": "warning",
         "access_log": False,
     }
-    code = SERVERS[server].format(app="benchmarks.apps:bare", kw=kw)
+    code = {**SERVERS, **CONTROL}[server].format(app="benchmarks.apps:bare", kw=kw)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         proc = subprocess.Popen(
@@ -92,9 +131,13 @@ def instructions(server: str, requests: int) -> int:
             text=True,
         )
         try:
-            with connect(port, timeout_s=120) as sock:
-                sock.settimeout(60)
-                drive(sock, requests)
+            socks = [connect(port, timeout_s=120)]
+            socks += [connect(port) for _ in range(connections - 1)]
+            try:
+                drive(socks, requests)
+            finally:
+                for sock in socks:
+                    sock.close()
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=120)
         finally:
@@ -110,23 +153,42 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--control", action="store_true", help="also measure graceful's server without its app"
+    )
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=8,
+        help="keep-alive connections, one request in flight on each (1: ping-pong, where "
+        "how the loop batches events depends on timing)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind not found; install it (Debian: apt install valgrind)")
         return 1
     short, long = args.requests // 4, args.requests
-    per: dict[str, list[float]] = {name: [] for name in SERVERS}
+    names = [*SERVERS, *(CONTROL if args.control else ())]
+    per: dict[str, list[float]] = {name: [] for name in names}
     started = time.monotonic()
     for _ in range(args.repeats):
-        for name in SERVERS:  # alternately, in one run
-            a, b = instructions(name, short), instructions(name, long)
+        for name in names:  # alternately, in one run
+            a = instructions(name, short, args.connections)
+            b = instructions(name, long, args.connections)
             per[name].append((b - a) / (long - short))
-    print(f"server instructions per request ({short:,} and {long:,} requests, httptools)")
+    print(
+        f"server instructions per request ({short:,} and {long:,} requests over "
+        f"{args.connections} connection(s), httptools), {args.repeats} repeat(s)"
+    )
+    print(f"{'':>22} {'min':>9} {'median':>9} {'max':>9}")
     for name, values in per.items():
-        print(f"{name:>10} {min(values):10.0f} (min of {len(values)})")
-    bare, graceful = min(per["bare"]), min(per["graceful"])
-    print(f"{'overhead':>10} {graceful - bare:10.0f} instructions per request")
-    print(f"{'ratio':>10} {bare / graceful:10.4f} (bare / graceful: the expected throughput ratio)")
+        print(f"{name:>22} {min(values):9.0f} {statistics.median(values):9.0f} {max(values):9.0f}")
+    for how, pick in (("min", min), ("median", statistics.median)):
+        bare, graceful = pick(per["bare"]), pick(per["graceful"])
+        print(
+            f"{how:>6}: overhead {graceful - bare:6.0f} instructions per request, "
+            f"ratio {bare / graceful:.4f} (bare / graceful: the expected throughput ratio)"
+        )
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

@@ -9,6 +9,7 @@ noisy machine; min / median / max over the repeats are printed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 from typing import Any
@@ -74,6 +75,72 @@ async def measure_middleware(n: int, repeats: int) -> dict[str, list[float]]:
     return results
 
 
+class _Cycle:
+    """What ``_start_asgi_task`` reads of uvicorn's request cycle: the scope, and a
+    ``run_asgi`` coroutine (that returns at once here)."""
+
+    __slots__ = ("scope",)
+
+    def __init__(self, scope: dict[str, Any]) -> None:
+        self.scope = scope
+
+    async def run_asgi(self, app: Any) -> None:
+        pass
+
+
+async def _start_tasks_ns(protocol: Any, n: int) -> float:
+    """The median ns of one ``protocol._start_asgi_task`` call.
+
+    Each call is timed on its own (the clock read costs the same on both sides of a
+    comparison) and the tasks it starts run between the timed calls, so the median is
+    free of what the tasks cost and of the machine's hiccups.
+    """
+    start, app, tasks = protocol._start_asgi_task, protocol.app, protocol.tasks
+    clock = time.perf_counter_ns
+    samples = []
+    for _ in range(n // 64):
+        cycles = [_Cycle(dict(SCOPE)) for _ in range(64)]
+        for cycle in cycles:
+            t0 = clock()
+            start(cycle, app)
+            samples.append(clock() - t0)
+        if tasks:
+            await asyncio.wait(list(tasks))
+    return statistics.median(samples)
+
+
+async def measure_server_hot_path(n: int, repeats: int) -> dict[str, list[float]]:
+    """uvicorn's httptools protocol starting a request's task, against graceful's
+    server's protocol class (its fast path: the request counted, the DrainSignal in the
+    scope, the middleware bypassed) — the per-request work graceful adds to uvicorn."""
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from graceful._demo.app import app
+    from graceful.uvicorn import Server
+
+    server = Server(uvicorn.Config(app, http="httptools", log_level="warning"))
+    server._loop = asyncio.get_running_loop()
+    server._prepare()
+    graceful_class: Any = server.config.http_protocol_class
+    config = server.config
+    protocols: dict[str, Any] = {
+        name: cls(config=config, server_state=server.server_state, app_state={})
+        for name, cls in (("uvicorn", HttpToolsProtocol), ("graceful", graceful_class))
+        if cls is not None
+    }
+    results: dict[str, list[float]] = {"uvicorn": [], "graceful": [], "overhead": []}
+    n -= n % 64
+    for _ in range(repeats):
+        u = await _start_tasks_ns(protocols["uvicorn"], n)
+        g = await _start_tasks_ns(protocols["graceful"], n)
+        results["uvicorn"].append(u)
+        results["graceful"].append(g)
+        results["overhead"].append(g - u)
+    assert server._fastpath.started == n * repeats, "the fast path did not run"
+    return results
+
+
 def show(title: str, results: dict[str, list[float]]) -> None:
     print(title)
     print(f"{'':>10} {'min':>9} {'median':>9} {'max':>9}   (ns per request)")
@@ -109,6 +176,12 @@ def main() -> None:
     calls = args.requests // 5
     middleware = anyio.run(measure_middleware, calls, args.repeats)
     show(f"\nGracefulMiddleware in-process, {calls:,} calls x {args.repeats} repeats", middleware)
+    hot_path = asyncio.run(measure_server_hot_path(calls, args.repeats))
+    show(
+        f"\ngraceful's uvicorn server, starting a request's task, {calls:,} x {args.repeats}"
+        " (medians of single calls)",
+        hot_path,
+    )
 
 
 if __name__ == "__main__":
