@@ -97,10 +97,10 @@ def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[An
     are closed per transport: whichever protocol holds it last reports the close.
 
     The subclass adds no instance attribute: uvicorn's httptools protocol has 28, and
-    CPython 3.11 keeps the attributes of an instance with more than 30 in a plain hashed
-    dict instead of the shared-key layout its attribute caches specialise on — every
-    ``self.…`` in uvicorn's per-request code would get slower (about 2,000 instructions
-    per request, measured with ``benchmarks/server_instructions.py``).
+    from 30 on CPython 3.11 no longer keeps an instance's attributes in the shared-key
+    layout its attribute caches specialise on — every ``self.…`` in uvicorn's
+    per-request code would get slower (two more made about 1,800 instructions per
+    request, measured with ``benchmarks/server_instructions.py``).
     """
     base = getattr(base, "_graceful_base", base)
 
