@@ -9,7 +9,9 @@ Counts machine instructions with ``valgrind --tool=callgrind`` — repeatable on
 shared machine where wall-clock differences of a few percent are lost in the noise.  Each
 variant runs twice (a short and a long run); the difference divided by the extra calls is
 the per-request cost, free of start-up.  ``tracked`` is one turn of the loop
-``with coordinator.track_request(): handler()`` (``benchmarks/tracking.py``).  ``--src``
+``with coordinator.track_request(): handler()`` (``benchmarks/tracking.py``); the last line
+is graceful's uvicorn server's hot path (its protocol starting a request's task) against
+uvicorn's protocol, in this tree only.  ``--src``
 runs another checkout's ``src`` (e.g. a ``git worktree`` of the previous release) side by
 side, for a before/after figure.
 """
@@ -36,6 +38,13 @@ from graceful import ShutdownCoordinator
 if sys.argv[1] == "track":
     from benchmarks.tracking import tracked
     tracked(int(sys.argv[2]), ShutdownCoordinator())
+elif sys.argv[1] in ("uvicorn", "graceful"):
+    import asyncio
+    from benchmarks.tracking import hot_path_protocols, start_tasks
+    async def main():
+        protocols, _ = hot_path_protocols()
+        await start_tasks(protocols[sys.argv[1]], int(sys.argv[2]))
+    asyncio.run(main())
 else:
     coordinator = ShutdownCoordinator()
     target = GracefulMiddleware(app, coordinator=coordinator) if sys.argv[1] == "mw" else app
@@ -88,6 +97,13 @@ def main() -> int:
         mw = per_request("mw", args.calls, src)
         track = per_request("track", args.calls * 10, src)
         print(f"{str(src)[-40:]:>40} {bare:10.0f} {mw:11.0f} {mw - bare:9.0f} {track:8.0f}")
+    calls = args.calls - args.calls % 320  # whole batches of 64 in both runs
+    uvicorn = per_request("uvicorn", calls, ROOT / "src")
+    graceful = per_request("graceful", calls, ROOT / "src")
+    print(
+        f"\ngraceful's uvicorn server, a request's task started (and run): uvicorn's protocol "
+        f"{uvicorn:.0f}, graceful's {graceful:.0f}, the hot path adds {graceful - uvicorn:.0f}"
+    )
     return 0
 
 

@@ -75,6 +75,25 @@ async def measure_middleware(n: int, repeats: int) -> dict[str, list[float]]:
     return results
 
 
+#: The keys uvicorn's httptools protocol puts in an HTTP scope (13: adding the
+#: extensions key does not make the dict grow, as it would with SCOPE's 5).
+HTTPTOOLS_SCOPE = {
+    "type": "http",
+    "asgi": {"version": "3.0", "spec_version": "2.3"},
+    "http_version": "1.1",
+    "server": ("127.0.0.1", 8000),
+    "client": ("127.0.0.1", 50000),
+    "scheme": "http",
+    "root_path": "",
+    "headers": [(b"host", b"bench")],
+    "state": {},
+    "method": "GET",
+    "path": "/",
+    "raw_path": b"/",
+    "query_string": b"",
+}
+
+
 class _Cycle:
     """What ``_start_asgi_task`` reads of uvicorn's request cycle: the scope, and a
     ``run_asgi`` coroutine (that returns at once here)."""
@@ -99,7 +118,7 @@ async def _start_tasks_ns(protocol: Any, n: int) -> float:
     clock = time.perf_counter_ns
     samples = []
     for _ in range(n // 64):
-        cycles = [_Cycle(dict(SCOPE)) for _ in range(64)]
+        cycles = [_Cycle(dict(HTTPTOOLS_SCOPE)) for _ in range(64)]
         for cycle in cycles:
             t0 = clock()
             start(cycle, app)
@@ -109,10 +128,10 @@ async def _start_tasks_ns(protocol: Any, n: int) -> float:
     return statistics.median(samples)
 
 
-async def measure_server_hot_path(n: int, repeats: int) -> dict[str, list[float]]:
-    """uvicorn's httptools protocol starting a request's task, against graceful's
-    server's protocol class (its fast path: the request counted, the DrainSignal in the
-    scope, the middleware bypassed) — the per-request work graceful adds to uvicorn."""
+def hot_path_protocols() -> tuple[dict[str, Any], Any]:
+    """uvicorn's httptools protocol and graceful's server's protocol class (its fast
+    path: the request counted, the DrainSignal in the scope, the middleware bypassed),
+    one instance each, and graceful's server; call in a running event loop."""
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -129,6 +148,22 @@ async def measure_server_hot_path(n: int, repeats: int) -> dict[str, list[float]
         for name, cls in (("uvicorn", HttpToolsProtocol), ("graceful", graceful_class))
         if cls is not None
     }
+    return protocols, server
+
+
+async def start_tasks(protocol: Any, n: int) -> None:
+    """``n`` requests' tasks started by ``protocol`` (and run), untimed: for callgrind."""
+    start, app, tasks = protocol._start_asgi_task, protocol.app, protocol.tasks
+    for _ in range(n // 64):
+        for cycle in [_Cycle(dict(HTTPTOOLS_SCOPE)) for _ in range(64)]:
+            start(cycle, app)
+        await asyncio.wait(list(tasks))
+
+
+async def measure_server_hot_path(n: int, repeats: int) -> dict[str, list[float]]:
+    """uvicorn's protocol starting a request's task against graceful's server's: the
+    per-request work graceful adds to uvicorn."""
+    protocols, server = hot_path_protocols()
     results: dict[str, list[float]] = {"uvicorn": [], "graceful": [], "overhead": []}
     n -= n % 64
     for _ in range(repeats):
