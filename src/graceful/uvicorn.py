@@ -48,6 +48,13 @@ server before the cancellation.  Health, metrics and preStop paths, websockets a
 lifespan always go to the middleware.  With ``h11``, which writes no ``Connection:
 close`` for ``keep_alive = False``, every request takes the middleware's path.
 
+The hand-over is uvicorn's ``_start_asgi_task``, replaced on graceful's protocol class
+while nothing shuts down (and removed from it at the shutdown request).  Where uvicorn's
+method is the one of 0.50 to 0.54 — a test tells when an installed uvicorn changes it —
+its three lines (start the task, hold it in the server's task set) are inlined rather
+than called; with ``--reset-contextvars`` or another uvicorn it is called.  The protocol
+subclasses add no attribute to their instances (see :func:`_tracking_class`).
+
 Signals: SIGTERM and SIGINT request shutdown (a second one escalates, a third exits at
 once), SIGQUIT stops at once.  uvicorn re-raises captured signals after shutdown so that
 the default action runs; this server does not, so the process exits 0 after a graceful
