@@ -201,8 +201,8 @@ class GracefulMiddleware:
             if scope["path"] in self._health:
                 await self._health[scope["path"]](scope, receive, send)
                 return
-            if "extensions" in scope:  # the server's dict for this request
-                scope["extensions"]["graceful"] = self._signal
+            if "extensions" in scope and scope["extensions"] is not None:
+                scope["extensions"]["graceful"] = self._signal  # the server's dict
             else:
                 scope["extensions"] = {"graceful": self._signal}
             # The hot path, kept flat.  The send wrapper is needed even while serving: a

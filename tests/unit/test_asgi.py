@@ -27,7 +27,9 @@ async def hello(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def call(app: Any, path: str = "/", http_version: str = "1.1") -> list[dict[str, Any]]:
+async def call(
+    app: Any, path: str = "/", http_version: str = "1.1", **more: Any
+) -> list[dict[str, Any]]:
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
@@ -40,7 +42,7 @@ async def call(app: Any, path: str = "/", http_version: str = "1.1") -> list[dic
         "type": "http", "asgi": {"version": "3.0"}, "http_version": http_version,
         "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
         "query_string": b"", "root_path": "", "headers": [],
-        "client": ("127.0.0.1", 1234), "server": ("127.0.0.1", 80),
+        "client": ("127.0.0.1", 1234), "server": ("127.0.0.1", 80), **more,
     }  # fmt: skip
     await app(scope, receive, send)
     return sent
@@ -86,6 +88,25 @@ async def test_handlers_see_the_drain_signal() -> None:
         assert await c.wait_for_phase(Phase.DRAINING, timeout_s=5)
         assert (await call(app))[1]["body"] == b"draining"
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("extensions", [None, {}, {"http.response.trailers": {}}])
+async def test_the_drain_signal_joins_whatever_extensions_the_server_gave(
+    extensions: dict[str, Any] | None,
+) -> None:
+    """A server's own extensions are kept; ``None`` (some test harnesses send it) is
+    replaced by a dict."""
+    seen: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(dict(scope["extensions"]))
+        await hello(scope, receive, send)
+
+    given = None if extensions is None else dict(extensions)  # the server's, this request's
+    wrapped = GracefulMiddleware(app, coordinator=ShutdownCoordinator())
+    assert (await call(wrapped, extensions=given))[1]["body"] == b"hello"
+    assert isinstance(seen[0].pop("graceful"), DrainSignal)
+    assert seen[0] == (extensions or {})
 
 
 async def test_lifespan_passes_through_and_readiness_waits_for_startup() -> None:
