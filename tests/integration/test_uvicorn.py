@@ -422,7 +422,7 @@ def test_third_signal_exits_at_once(servers: list[ServerProcess]) -> None:
 
 def test_hot_path_recognises_this_uvicorns_task_start() -> None:
     """The hot path inlines uvicorn's ``HttpToolsProtocol._start_asgi_task`` only when it
-    is the method it knows (0.50 to 0.54); another one is called through — right, but
+    is the method it knows (0.50 to 0.54, by its source); another one is called through — right, but
     slower.  This fails when an installed uvicorn changes it, so that the inlined copy
     is looked at again."""
     httptools_impl = pytest.importorskip("uvicorn.protocols.http.httptools_impl")
