@@ -71,13 +71,14 @@ def test_request_in_flight_at_sigterm_completes(
     assert server.has_line("lifespan shutdown")
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize(
     "options",
     [(), ("--reset-contextvars",), ("--limit-concurrency", "50")],
     ids=["inlined", "reset-contextvars", "limit-concurrency"],
 )
 def test_hot_path_requests_get_the_drain_signal_and_are_counted(
-    servers: list[ServerProcess], options: tuple[str, ...]
+    servers: list[ServerProcess], options: tuple[str, ...], loop: str
 ) -> None:
     """graceful's server takes the middleware off the httptools hot path while nothing
     shuts down (uvicorn's task start inlined, or called through with
@@ -87,7 +88,7 @@ def test_hot_path_requests_get_the_drain_signal_and_are_counted(
     pytest.importorskip("prometheus_client")
     server = start(
         servers,
-        *("--http", "httptools", "--metrics-path", "/metrics"),
+        *("--http", "httptools", "--loop", loop, "--metrics-path", "/metrics"),
         *("--policy", "accept-until-idle", "--idle", "0.5", *options),
     )
     client = RawHTTP(server.port)
