@@ -563,8 +563,8 @@ class _FastPath:
     While it is on, the HTTP protocol class has a ``_start_asgi_task`` of its own that
     hands a request straight to the app; the first phase change removes it from the
     class, so that uvicorn's own method runs again and every later request takes the
-    middleware.  Everything that method reads is bound in its closure: no ``on`` flag,
-    no attribute lookups per request.
+    middleware.  Everything that method reads is bound in its closure: no flag tested
+    and no attribute looked up per request (``on`` is for the server's cold paths).
     """
 
     __slots__ = ("_classes", "app", "drain_signal", "middleware", "on", "special_paths", "started")
@@ -594,9 +594,7 @@ class _FastPath:
         they look up bound once: the call through to it costs more than the rest of
         the fast path.  Otherwise the fast path calls uvicorn's method.
         """
-        start_asgi_task = getattr(base, "_start_asgi_task", None)
-        if start_asgi_task is None or not _is_httptools(base):
-            return
+        start_asgi_task = base._start_asgi_task  # httptools, uvicorn 0.50+ (see _prepare)
         middleware, app, special_paths = self.middleware, self.app, self.special_paths
         drain_signal, fp = self.drain_signal, self
         fast: Callable[[Any, Any, Any], None]
