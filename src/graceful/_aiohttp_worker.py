@@ -136,9 +136,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
                 f"a graceful.aiohttp.AppRunner; got {target!r}"
             )
         values = _config.gunicorn_values(self.cfg.graceful_timeout)
-        coordinator = ShutdownCoordinator(
-            **_config.coordinator_kwargs(values, hard_exit=True)  # the process is ours
-        )
+        coordinator = _config.build_coordinator(values, hard_exit=True)  # the process is ours
         access_log = self.log.access_log if self.cfg.accesslog else None
         return AppRunner(
             target,

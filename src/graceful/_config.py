@@ -43,7 +43,7 @@ from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
 from ._deadlines import DEFAULT_GRACE_PERIOD_S
-from ._policy import POLICIES, Policy, policy_from_name
+from ._policy import POLICIES, AcceptUntilIdle, Policy, policy_from_name
 
 if TYPE_CHECKING:
     import uvicorn
@@ -60,6 +60,7 @@ __all__ = (
     "Values",
     "boolean",
     "build_server",
+    "build_coordinator",
     "check",
     "coordinator_kwargs",
     "from_environment",
@@ -208,7 +209,8 @@ class Option:
             (:func:`graceful.policy_from_name`), ``"coordinator"``
             (:class:`graceful.ShutdownCoordinator`), ``"middleware"``
             (:class:`graceful.asgi.GracefulMiddleware`), ``"uvicorn"``
-            (:class:`uvicorn.Config`) or ``"run"`` (``graceful run`` itself).
+            (:class:`uvicorn.Config`) or ``"run"`` (read by graceful itself: ``graceful
+            run``'s own settings, the Kubernetes integration).
         metavar: The kind of value, for ``--help`` (and the tests' bad examples).
         help: One line for ``--help``.
         default_text: How ``--help`` shows the default, if not the value itself.
@@ -216,6 +218,8 @@ class Option:
             (``GRACEFUL_*`` for them is ignored there, with a warning).
         servers: The servers of ``graceful run --server`` that take the option; given
             with another one it is an error naming both.
+        switch: A yes/no option: on the command line a flag and its ``--no-`` twin
+            (``--kubernetes``, ``--no-kubernetes``), in the environment a boolean.
     """
 
     name: str
@@ -228,6 +232,7 @@ class Option:
     default_text: str | None = None
     gunicorn: str | None = None
     servers: tuple[str, ...] = SERVERS
+    switch: bool = False
 
     @property
     def target(self) -> Target:
@@ -305,6 +310,19 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option(
         "kill_margin", seconds, 1.0, to=("coordinator", "kill_margin_s"), metavar="SECONDS",
         help="stop this long before SIGKILL: the budget for cutting, lifespan shutdown, hooks",
+    ),
+    Option(
+        "kubernetes", boolean, False, to=("run", "kubernetes"), metavar="BOOL",
+        switch=True,
+        help="read the kill deadline (the pod's deletionTimestamp) and, for "
+        "accept-until-idle, the pod's EndpointSlice state from the Kubernetes API "
+        "(needs the kubernetes extra)",
+    ),
+    Option(
+        "wait_for_endpoints", boolean, True, to=("run", "wait_for_endpoints"),
+        metavar="BOOL", switch=True,
+        help="with --kubernetes and accept-until-idle: start the idle window only once "
+        "no EndpointSlice routes to the pod (--no-wait-for-endpoints: the deadline only)",
     ),
     Option(
         "readiness_path", endpoint_path, "/readyz", to=("middleware", "readiness_path"),
@@ -517,12 +535,41 @@ def policy_kwargs(values: Values) -> dict[str, Any]:
 
 
 def _policy(values: Values) -> Policy:
-    return policy_from_name(**policy_kwargs(values))
+    kwargs = policy_kwargs(values)
+    if _waits_for_endpoints(values):
+        kwargs["wait_for_endpoint_removal"] = True
+    return policy_from_name(**kwargs)
+
+
+def _waits_for_endpoints(values: Values) -> bool:
+    """``--kubernetes`` with accept-until-idle waits for endpoint removal unless told not to."""
+    return bool(
+        values["kubernetes"]
+        and values["wait_for_endpoints"]
+        and values["policy"] == AcceptUntilIdle.name
+    )
 
 
 def coordinator_kwargs(values: Values, **overrides: Any) -> dict[str, Any]:
     """Keyword arguments of :class:`graceful.ShutdownCoordinator`, policy included."""
     return {"policy": _policy(values), **_kwargs(values, "coordinator"), **overrides}
+
+
+def build_coordinator(values: Values, **overrides: Any) -> ShutdownCoordinator:
+    """The coordinator of ``values``, with the Kubernetes integration attached when
+    ``--kubernetes`` is on; ``overrides`` are coordinator arguments that are not options
+    (``hard_exit``, …).
+
+    Raises:
+        ConfigError: as :func:`check` (for values that were not checked).
+    """
+    with _named(values):
+        coordinator = ShutdownCoordinator(**coordinator_kwargs(values, **overrides))
+    if values["kubernetes"]:
+        from .kubernetes import Kubernetes
+
+        Kubernetes().attach(coordinator)
+    return coordinator
 
 
 def middleware_kwargs(values: Values) -> dict[str, Any]:
@@ -558,8 +605,7 @@ def build_server(
     """
     from .uvicorn import Server
 
-    with _named(values):
-        coordinator = ShutdownCoordinator(**coordinator_kwargs(values, **coordinator_overrides))
+    coordinator = build_coordinator(values, **coordinator_overrides)
     extra: dict[str, Any] = {} if quick_signals is None else {"quick_signals": quick_signals}
     with _named(values):
         return Server(config, coordinator=coordinator, **extra, **middleware_kwargs(values))
@@ -627,6 +673,18 @@ def check(values: Values) -> None:
     async def no_app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
         pass
 
+    if values["kubernetes"]:
+        try:
+            import lightkube  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"{label('kubernetes')} needs lightkube: pip install 'graceful-drain[kubernetes]'"
+            ) from None
+    elif values.given("wait_for_endpoints"):
+        raise ConfigError(
+            f"{label('wait_for_endpoints')} applies only with {option('kubernetes').flag} "
+            f"(or {option('kubernetes').env}=1)"
+        )
     if values["metrics_path"] is not None:
         try:
             import prometheus_client  # noqa: F401

@@ -109,9 +109,7 @@ class HypercornWorker(Worker):  # type: ignore[misc]
     def run(self) -> None:
         try:
             values = _config.gunicorn_values(self.cfg.graceful_timeout)  # the master warned already
-            self.coordinator = ShutdownCoordinator(
-                **_config.coordinator_kwargs(values, hard_exit=True)
-            )
+            self.coordinator = _config.build_coordinator(values, hard_exit=True)
         except ValueError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

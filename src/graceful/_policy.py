@@ -297,6 +297,7 @@ def policy_from_name(
     min_wait_s: float | None = None,
     max_wait_s: float | None = None,
     nudge_clients: bool | None = None,
+    wait_for_endpoint_removal: bool | None = None,
 ) -> Policy:
     """Build a policy from its command-line name and options (``None``: the default).
 
@@ -314,10 +315,17 @@ def policy_from_name(
         "min_wait_s": min_wait_s,
         "max_wait_s": max_wait_s,
         "nudge_clients": nudge_clients,
+        "wait_for_endpoint_removal": wait_for_endpoint_removal,
     }
     options = {k: v for k, v in given.items() if v is not None}
     takes = {
-        AcceptUntilIdle: {"idle_s", "min_wait_s", "max_wait_s", "nudge_clients"},
+        AcceptUntilIdle: {
+            "idle_s",
+            "min_wait_s",
+            "max_wait_s",
+            "nudge_clients",
+            "wait_for_endpoint_removal",
+        },
         ServeUntilKilled: {"max_wait_s", "nudge_clients"},
         RefuseImmediately: set(),
     }[cls]

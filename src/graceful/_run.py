@@ -249,13 +249,20 @@ def _our_params() -> list[click.Parameter]:
         click.Argument(["app"], required=False, metavar="MODULE:APP"),
     ]
     for opt in OPTIONS:
+        text = f"{opt.help} [default: {_config.help_default(opt)}; env {opt.env}]"
+        if opt.switch:  # --kubernetes / --no-kubernetes; None when neither is given
+            flags = f"{opt.flag}/--no-{opt.flag[2:]}"
+            params.append(
+                click.Option([flags, opt.name], default=None, help=text, allow_from_autoenv=False)
+            )
+            continue
         params.append(
             click.Option(
                 [opt.flag, opt.name],
                 type=str,
                 default=None,
                 metavar=opt.metavar,
-                help=f"{opt.help} [default: {_config.help_default(opt)}; env {opt.env}]",
+                help=text,
                 allow_from_autoenv=False,  # GRACEFUL_* is read by _config
             )
         )
@@ -421,8 +428,16 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Invo
     }
     if params.get("env_file"):
         _load_env_file(params["env_file"], given["env_file"])
-    text = {name: value for name, value in ours.items() if value is not None}
-    given_as: dict[str, str] = {}
+    text = {
+        name: str(value).lower() if isinstance(value, bool) else value
+        for name, value in ours.items()
+        if value is not None
+    }
+    given_as: dict[str, str] = {
+        opt.name: f"--no-{opt.flag[2:]}"
+        for opt in OPTIONS
+        if opt.switch and ours[opt.name] is False
+    }
     # uvicorn's variables for the options we share: after GRACEFUL_*, before the default.
     fallback = {name: f"UVICORN_{name.upper()}" for name in shared_options()}
     alias = given.get(_DRAIN_ALIAS)
@@ -559,8 +574,7 @@ def _worker_socket(inv: Invocation) -> socket.socket | None:
 def _coordinator(inv: Invocation) -> ShutdownCoordinator:
     # The process is ours: a third signal exits at once, and a server that does not
     # stop by the kill deadline is ended just before it.
-    kwargs = _config.coordinator_kwargs(inv.values, exit_on_third_request=True, hard_exit=True)
-    return ShutdownCoordinator(**kwargs)
+    return _config.build_coordinator(inv.values, exit_on_third_request=True, hard_exit=True)
 
 
 def _not_started(exc: BaseException) -> int:
