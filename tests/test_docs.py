@@ -229,15 +229,26 @@ def test_shell_commands_are_valid() -> None:
 
 def test_kubernetes_example_is_valid() -> None:
     yaml = pytest.importorskip("yaml")
-    manifest = yaml.safe_load((ROOT / "examples" / "kubernetes.yaml").read_text())
+    manifest = yaml.safe_load((ROOT / "examples" / "kubernetes" / "deployment.yaml").read_text())
     pod = manifest["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    environ = {item["name"]: str(item["value"]) for item in container["env"]}
+    environ = {item["name"]: str(item["value"]) for item in container["env"] if "value" in item}
+    downward = {
+        item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"]
+        for item in container["env"]
+        if "valueFrom" in item
+    }
+    assert downward == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     assert container["command"][:2] == ["graceful", "run"]
     _check_graceful_run(container["command"][2:], environ)
+    assert _config.boolean(environ["GRACEFUL_KUBERNETES"])
+    # The fallback if the API cannot be read: the pod's own grace period.
     assert float(environ["GRACEFUL_GRACE_PERIOD"]) == pod["terminationGracePeriodSeconds"]
-    # Probes are connections: the quiet period must be shorter than the probe period.
-    assert float(environ["GRACEFUL_IDLE"]) < container["readinessProbe"]["periodSeconds"]
+    assert "lifecycle" not in container  # no preStop sleep
+    # The service account the Role is bound to.
+    rbac = list(yaml.safe_load_all((ROOT / "examples" / "kubernetes" / "rbac.yaml").read_text()))
+    (binding,) = (doc for doc in rbac if doc["kind"] == "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"]}]
     assert (
         container["readinessProbe"]["httpGet"]["path"] == _config.option("readiness_path").default
     )
