@@ -918,7 +918,9 @@ def _serve_workers(inv: Invocation, argv: Sequence[str]) -> int:
     command = [sys.executable, "-m", "graceful", "run", *argv]
     values = inv.values
     try:
-        return _Supervisor(sock, command, values["workers"], values["grace_period"]).run()
+        return _Supervisor(
+            sock, command, values["workers"], values["grace_period"], values["kubernetes"]
+        ).run()
     finally:
         _remove_uds(inv)
 
@@ -962,6 +964,7 @@ class _Supervisor:
     command: list[str]
     count: int
     grace_period_s: float | None
+    kubernetes: bool = False
     workers: list[_Worker] = field(default_factory=list)
     tasks: queue.SimpleQueue[Callable[[], object]] = field(default_factory=queue.SimpleQueue)
     stopping: bool = False
@@ -1077,6 +1080,31 @@ class _Supervisor:
             self.status = status
         grace = DEFAULT_GRACE_PERIOD_S if self.grace_period_s is None else self.grace_period_s
         self.deadline = time.monotonic() + grace
+        if self.kubernetes and status is None:
+            # The workers plan against the pod's own deadline: so must our SIGKILL.
+            threading.Thread(
+                target=self._read_pod_deadline, args=(time.time(),), daemon=True
+            ).start()
+
+    def _read_pod_deadline(self, requested_at_s: float) -> None:
+        from .kubernetes import read_kill_deadline
+
+        found = read_kill_deadline(
+            requested_at_s, grace_period_known=self.grace_period_s is not None
+        )
+        if found is not None:
+            at, why = found
+            self.tasks.put(lambda: self._set_deadline(at, why))
+
+    def _set_deadline(self, wall_clock_s: float, why: str) -> None:
+        if self.deadline is None:  # already past it
+            return
+        self.deadline = time.monotonic() + (wall_clock_s - time.time())
+        logger.info(
+            "kill deadline from %s: workers left then are killed in %.1f s",
+            why,
+            self.deadline - time.monotonic(),
+        )
 
     def _start_reload(self) -> None:
         if self.stopping:

@@ -86,6 +86,7 @@ __all__ = (
     "endpoint_state",
     "kill_deadline",
     "pod_identity",
+    "read_kill_deadline",
 )
 
 logger: Final = logging.getLogger("graceful")
@@ -206,6 +207,52 @@ def kill_deadline(
             "no deletionTimestamp)",
         )
     return None
+
+
+def read_kill_deadline(
+    requested_at_s: float,
+    *,
+    grace_period_known: bool,
+    clock_skew_s: float = 1.0,
+    api_timeout_s: float = 5.0,
+) -> tuple[float, str] | None:
+    """Read the own pod now (blocking, at most about ``api_timeout_s``) and return
+    :func:`kill_deadline` of it, or ``None`` when the pod has no deadline to give or
+    cannot be read (logged).  For a process without an event loop: the ``graceful run
+    --workers`` parent, which must not SIGKILL its workers before the pod's own deadline.
+    """
+    try:
+        import httpx2
+        import lightkube
+        from lightkube.resources.core_v1 import Pod
+
+        identity = pod_identity()
+        client = lightkube.Client(
+            namespace=identity.namespace, timeout=httpx2.Timeout(api_timeout_s)
+        )
+        try:
+            pod = client.get(Pod, identity.name, namespace=identity.namespace)
+        finally:
+            client.close()
+    except Exception as exc:
+        logger.warning("kubernetes: cannot read the pod (%s)", _describe(exc))
+        return None
+    return _pod_deadline(pod, requested_at_s, grace_period_known, clock_skew_s)
+
+
+def _pod_deadline(
+    pod: Any, requested_at_s: float, grace_period_known: bool, clock_skew_s: float
+) -> tuple[float, str] | None:
+    """:func:`kill_deadline` of a lightkube ``Pod``."""
+    meta, spec = pod.metadata, pod.spec
+    return kill_deadline(
+        deletion_timestamp_s=_timestamp(meta.deletionTimestamp),
+        deletion_grace_s=meta.deletionGracePeriodSeconds,
+        termination_grace_s=None if spec is None else spec.terminationGracePeriodSeconds,
+        requested_at_s=requested_at_s,
+        clock_skew_s=clock_skew_s,
+        grace_period_known=grace_period_known,
+    )
 
 
 # -------------------------------------------------------------- endpoint state
@@ -498,14 +545,8 @@ class Kubernetes:
         except Exception as exc:
             self._warn(f"cannot read pod {self._where()} at shutdown ({_describe(exc)})")
             return
-        meta, spec = pod.metadata, pod.spec
-        found = kill_deadline(
-            deletion_timestamp_s=_timestamp(meta.deletionTimestamp),
-            deletion_grace_s=meta.deletionGracePeriodSeconds,
-            termination_grace_s=None if spec is None else spec.terminationGracePeriodSeconds,
-            requested_at_s=requested,
-            clock_skew_s=self.clock_skew_s,
-            grace_period_known=coordinator.grace_period_s is not None,
+        found = _pod_deadline(
+            pod, requested, coordinator.grace_period_s is not None, self.clock_skew_s
         )
         if found is None:
             logger.info(
