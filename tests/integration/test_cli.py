@@ -90,7 +90,9 @@ def bad_text(opt: Option) -> str:
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o.flag)
 def test_bad_option_exits_2_with_one_line(opt: Option) -> None:
     text = bad_text(opt)
-    assert_usage_error(graceful_run("examples.asgi_app:app", opt.flag, text), opt.flag)
+    # A switch (--kubernetes / --no-kubernetes) takes no value on the command line.
+    given = (f"{opt.flag}={text}",) if opt.switch else (opt.flag, text)
+    assert_usage_error(graceful_run("examples.asgi_app:app", *given), opt.flag)
     env = clean_environment(**{opt.env: text})
     assert_usage_error(graceful_run("examples.asgi_app:app", env=env), opt.env)
     env = clean_environment(**{opt.env: ""})
