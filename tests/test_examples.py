@@ -54,6 +54,20 @@ def test_fastapi_app_finishes_in_flight_request(started: list[ServerProcess]) ->
     assert server.wait_exit(EXIT_DEADLINE_S) == 0
 
 
+def test_quickstart_runs_as_copied_and_drains(started: list[ServerProcess]) -> None:
+    """The Quickstart's first snippet is this whole file: run it as a user would."""
+    pytest.importorskip("fastapi")
+    server = ServerProcess(
+        [sys.executable, str(Path(__file__).parent.parent / "examples" / "quickstart.py")],
+        env={**os.environ, "PORT": "0"},
+    )
+    started.append(server)
+    port = _uvicorn_port(server)
+    assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).json() == {"hello": "world"}
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit(EXIT_DEADLINE_S) == 0
+
+
 def test_uvicorn_run_example_drains(started: list[ServerProcess]) -> None:
     server = ServerProcess([sys.executable, "-m", "examples.uvicorn_run", "--port", "0"])
     started.append(server)
