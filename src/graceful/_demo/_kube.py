@@ -1,0 +1,410 @@
+"""A real Kubernetes control plane and data path on one machine, for tests and the demo.
+
+What is real and what is played
+-------------------------------
+Real: etcd, ``kube-apiserver`` (token auth, RBAC, the ``EndpointSliceTerminatingCondition``
+gate), ``kube-controller-manager`` running the endpoint and endpointslice controllers, and
+``kube-proxy`` in iptables mode — Kubernetes 1.20.2 built from Debian's source package
+(``tools/kube/build.sh``, once; cached in ``~/.cache/kube-apiserver-1.20``).  Played: the
+kubelet (:mod:`graceful._demo._kubelet`), for pods on the one node.
+
+Where it runs
+-------------
+Everything lives in a network namespace of its own (``ip netns``): pod IPs are addresses
+on its loopback (this kernel has no ``dummy`` link), the service range is routed to it so
+that kube-proxy's OUTPUT rules see a client's packets, and nothing is routed out.  The
+calling process stays where it is: :class:`Netns` runs callables on a thread that
+entered the namespace (``setns(2)`` is per thread), and whatever that thread starts — a
+subprocess, another thread — is inside too.  So a test reaches the API server, the pods
+and the ClusterIPs through :meth:`Netns.call`, and the rest of the test process (other
+tests' servers on 127.0.0.1) is untouched.
+
+Needs root (``ip netns``, ``iptables``) and the built binaries; :func:`unavailable` says
+what is missing in one line.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import itertools
+import json
+import os
+import queue
+import shutil
+import signal
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+__all__ = ("BUILD_HINT", "CACHE_DIR", "Cluster", "Netns", "unavailable")
+
+CACHE_DIR: Final = Path(
+    os.environ.get("KUBE_CACHE_DIR", Path.home() / ".cache" / "kube-apiserver-1.20")
+)
+BINARIES: Final = ("kube-apiserver", "kube-controller-manager", "kube-proxy")
+BUILD_HINT: Final = "build them once (as root, 9-13 min): bash tools/kube/build.sh"
+FEATURE_GATES: Final = "EndpointSliceTerminatingCondition=true,EndpointSliceNodeName=true"
+SERVICE_RANGE: Final = "10.96.0.0/16"
+NODE: Final = "node1"
+API_PORT: Final = 6443
+_CLONE_NEWNET: Final = 0x40000000
+_counter = itertools.count()
+T = TypeVar("T")
+
+
+def unavailable() -> str | None:
+    """Why the control plane cannot run here (one line), or ``None`` if it can."""
+    if os.geteuid() != 0:
+        return "the Kubernetes control plane needs root (ip netns, iptables)"
+    missing = [name for name in BINARIES if not (CACHE_DIR / name).is_file()]
+    if missing:
+        return f"{', '.join(missing)} not built in {CACHE_DIR}: {BUILD_HINT}"
+    for tool in ("etcd", "ip", "iptables", "openssl"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed: {BUILD_HINT} (installs it)"
+    return None
+
+
+def _setns(fd: int) -> None:
+    setns = getattr(os, "setns", None)
+    if setns is not None:  # Python 3.12+
+        setns(fd, _CLONE_NEWNET)
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, _CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+class Netns:
+    """A private network namespace and a thread inside it that runs what it is given."""
+
+    def __init__(self, prefix: str = "gd") -> None:
+        self.name = f"{prefix}{os.getpid()}n{next(_counter)}"
+        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        entered: Future[None] = Future()
+        self._thread = threading.Thread(
+            target=self._main, args=(entered,), name=f"netns-{self.name}", daemon=True
+        )
+        self._thread.start()
+        try:
+            entered.result(timeout=10)
+        except BaseException:
+            self.close()
+            raise
+
+    def _main(self, entered: Future[None]) -> None:
+        try:
+            with open(f"/var/run/netns/{self.name}") as handle:
+                _setns(handle.fileno())
+        except BaseException as exc:
+            entered.set_exception(exc)
+            return
+        entered.set_result(None)
+        while (item := self._calls.get()) is not None:
+            function, result = item
+            if not result.set_running_or_notify_cancel():
+                continue
+            try:
+                result.set_result(function())
+            except BaseException as exc:
+                result.set_exception(exc)
+
+    def call(self, function: Callable[[], T], *, timeout_s: float = 60.0) -> T:
+        """``function()`` on the namespace's thread; its result or its exception."""
+        result: Future[T] = Future()
+        self._calls.put((function, result))
+        return result.result(timeout=timeout_s)
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A command inside the namespace (bounded: 30 s)."""
+        return self.call(
+            lambda: subprocess.run(args, check=check, capture_output=True, text=True, timeout=30)
+        )
+
+    def popen(self, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        """A process inside the namespace, in a session of its own."""
+        return self.call(lambda: subprocess.Popen(args, start_new_session=True, **kwargs))
+
+    def pids(self) -> list[int]:
+        found = subprocess.run(
+            ["ip", "netns", "pids", self.name], capture_output=True, text=True, check=False
+        )
+        return [int(p) for p in found.stdout.split()]
+
+    def close(self) -> None:
+        """Kill every process in the namespace (TERM, then KILL after 2 s), delete it."""
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+            deadline = time.monotonic() + 2.0
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._calls.put(None)
+        self._thread.join(timeout=5)
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
+
+
+class ApiError(Exception):
+    """An API call answered with an error status."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"{status}: {body[:300]}")
+        self.status = status
+
+
+class Cluster:
+    """etcd, kube-apiserver, kube-controller-manager and kube-proxy in a namespace.
+
+    Args:
+        sync_period_s: kube-proxy's ``--iptables-min-sync-period``: how slowly the data
+            path follows endpoint changes (1 s and 5 s in the rollout tests).
+        users: Extra token users (name to token), for RBAC tests; ``admin`` is always
+            there (``system:masters``).
+    """
+
+    def __init__(self, *, sync_period_s: float = 1.0, users: dict[str, str] | None = None) -> None:
+        reason = unavailable()
+        if reason is not None:
+            raise RuntimeError(reason)
+        self.sync_period_s = sync_period_s
+        self.state = Path(tempfile.mkdtemp(prefix="graceful-kube-"))
+        self.url = f"https://127.0.0.1:{API_PORT}"
+        self.admin_token = "admin-" + os.urandom(12).hex()
+        self.users = {"admin": self.admin_token, **(users or {})}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._ip_octets = itertools.count(1)
+        self.ns = Netns()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ start
+
+    def _start(self) -> None:
+        ns = self.ns
+        ns.run("ip", "link", "set", "lo", "up")
+        ns.run("ip", "route", "add", SERVICE_RANGE, "dev", "lo")
+        ns.run("sysctl", "-qw", "net.ipv4.conf.all.route_localnet=1", check=False)
+        self._certificates()
+        d = self.state
+        self._spawn(
+            "etcd",
+            [
+                "etcd", "--name", "kube", "--data-dir", str(d / "etcd"),
+                "--listen-client-urls", "http://127.0.0.1:2379",
+                "--advertise-client-urls", "http://127.0.0.1:2379",
+                "--listen-peer-urls", "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+                "--initial-cluster", "kube=http://127.0.0.1:2380",
+            ],
+        )  # fmt: skip
+        self._spawn(
+            "apiserver",
+            [
+                str(CACHE_DIR / "kube-apiserver"),
+                "--etcd-servers", "http://127.0.0.1:2379",
+                "--bind-address", "127.0.0.1", "--secure-port", str(API_PORT),
+                "--advertise-address", "127.0.0.1", "--endpoint-reconciler-type", "none",
+                "--tls-cert-file", str(d / "apiserver.crt"),
+                "--tls-private-key-file", str(d / "apiserver.key"),
+                "--cert-dir", str(d / "certs"),
+                "--token-auth-file", str(d / "tokens.csv"),
+                "--authorization-mode", "RBAC",
+                "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file", str(d / "sa.pub"),
+                "--service-account-signing-key-file", str(d / "sa.key"),
+                "--service-cluster-ip-range", SERVICE_RANGE,
+                "--feature-gates", FEATURE_GATES,
+                "--disable-admission-plugins", "ServiceAccount",
+            ],
+        )  # fmt: skip
+        self._wait_ready()
+        kubeconfig = self.kubeconfig("admin")
+        self._spawn(
+            "controller-manager",
+            [
+                str(CACHE_DIR / "kube-controller-manager"), "--kubeconfig", str(kubeconfig),
+                "--leader-elect=false", "--controllers=endpointslice,endpoint",
+                "--port", "0", "--secure-port", "0", "--feature-gates", FEATURE_GATES,
+            ],
+        )  # fmt: skip
+        self._spawn(
+            "proxy",
+            [
+                str(CACHE_DIR / "kube-proxy"), "--kubeconfig", str(kubeconfig),
+                "--hostname-override", NODE, "--proxy-mode", "iptables",
+                "--cluster-cidr", "10.244.0.0/16", "--conntrack-max-per-core", "0",
+                "--metrics-bind-address", "127.0.0.1:10249",
+                "--healthz-bind-address", "127.0.0.1:10256",
+                "--iptables-min-sync-period", f"{self.sync_period_s:g}s",
+                "--feature-gates", FEATURE_GATES,
+            ],
+        )  # fmt: skip
+        self.api("POST", "/api/v1/nodes", {"metadata": {"name": NODE}})
+
+    def _certificates(self) -> None:
+        d = self.state
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+        ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+        openssl(
+            "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "30",
+            "-subj", "/CN=graceful-test-ca",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        )  # fmt: skip
+        openssl("req", *ec, "-keyout", "apiserver.key", "-out", "apiserver.csr",
+                "-subj", "/CN=kube-apiserver")  # fmt: skip
+        (d / "apiserver.ext").write_text(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+            "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        )
+        openssl(
+            "x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "apiserver.crt", "-days", "30",
+            "-extfile", "apiserver.ext",
+        )  # fmt: skip
+        openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sa.key")
+        openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        rows = [
+            f"{token},{name},uid-{name}" + (',"system:masters"' if name == "admin" else "")
+            for name, token in self.users.items()
+        ]
+        (d / "tokens.csv").write_text("\n".join(rows) + "\n")
+        self.context = ssl.create_default_context(cafile=str(d / "ca.crt"))
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.state / f"{name}.log", "wb")  # noqa: SIM115 (the process owns it)
+        self.processes[name] = self.ns.popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+
+    def _wait_ready(self, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(OSError, ApiError):
+                if self.api("GET", "/readyz", raw=True) == "ok":
+                    return
+            for name, proc in self.processes.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited ({proc.returncode}): {self.log(name)[-2000:]}"
+                    )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the API server was not ready in {timeout_s:g} s")
+            time.sleep(0.1)
+
+    # -------------------------------------------------------------------- API
+
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        *,
+        token: str | None = None,
+        content_type: str = "application/json",
+        raw: bool = False,
+        timeout_s: float = 10.0,
+    ) -> Any:
+        """One API call from inside the namespace; the decoded JSON answer."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {token or self.admin_token}")
+        if data is not None:
+            request.add_header("Content-Type", content_type)
+
+        def send() -> Any:
+            try:
+                with urllib.request.urlopen(
+                    request, context=self.context, timeout=timeout_s
+                ) as response:
+                    text = response.read().decode()
+            except urllib.error.HTTPError as exc:
+                raise ApiError(exc.code, exc.read().decode(errors="replace")) from None
+            return text if raw else json.loads(text)
+
+        return self.ns.call(send, timeout_s=timeout_s + 5)
+
+    def watch(self, path: str, *, timeout_s: float) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Watch events of a collection (``?watch=1``), for at most ``timeout_s``; must be
+        iterated on the namespace's thread or a thread it started."""
+        sep = "&" if "?" in path else "?"
+        request = urllib.request.Request(
+            f"{self.url}{path}{sep}watch=1&timeoutSeconds={max(1, int(timeout_s))}"
+        )
+        request.add_header("Authorization", f"Bearer {self.admin_token}")
+        with urllib.request.urlopen(request, context=self.context, timeout=timeout_s + 5) as r:
+            for line in r:
+                event = json.loads(line)
+                yield event["type"], event["object"]
+
+    def kubeconfig(self, user: str, namespace: str = "default") -> Path:
+        """A kubeconfig file for one of the token users."""
+        path = self.state / f"kubeconfig-{user}"
+        ca = base64.b64encode((self.state / "ca.crt").read_bytes()).decode()
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {"name": "local", "cluster": {"server": self.url,
+                                                      "certificate-authority-data": ca}}
+                    ],
+                    "users": [{"name": user, "user": {"token": self.users[user]}}],
+                    "contexts": [
+                        {"name": user, "context": {"cluster": "local", "user": user,
+                                                   "namespace": namespace}}
+                    ],
+                    "current-context": user,
+                }
+            )
+        )  # fmt: skip
+        path.chmod(0o600)
+        return path
+
+    def pod_ip(self) -> str:
+        """A new pod IP on the namespace's loopback."""
+        ip = f"10.244.0.{next(self._ip_octets)}"
+        self.ns.run("ip", "addr", "add", f"{ip}/32", "dev", "lo")
+        return ip
+
+    def proxied(self, ip: str) -> bool:
+        """``True`` while kube-proxy's rules send traffic to ``ip``."""
+        return f"{ip}/32" in self.ns.run("iptables", "-t", "nat", "-S").stdout
+
+    def log(self, name: str) -> str:
+        return (self.state / f"{name}.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        """Stop everything, delete the namespace and the state."""
+        self.ns.close()
+        for proc in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
