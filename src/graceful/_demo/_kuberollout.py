@@ -134,7 +134,8 @@ def _client(keep_alive: bool, stop: threading.Event, counts: ClientCounts) -> No
                 conn = None
         except (OSError, http.client.HTTPException) as exc:
             counts.failed[_classify(exc)] += 1
-            conn.close()
+            if conn is not None:
+                conn.close()
             conn = None
         stop.wait(0.02)
     if conn is not None:
