@@ -351,6 +351,7 @@ class Kubernetes:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._watching = False
 
     # ------------------------------------------------------------------ public
 
@@ -580,28 +581,55 @@ class Kubernetes:
         version: str | None = None
         broken_since: float | None = None
         backoff = _BACKOFF_START_S
+        name = pod.metadata.name
         while True:
             try:
                 if version is None:
                     slices, version = await self._list(client, resource)
-                    if self._check(slices, pod.metadata.name, pod_ip):
+                    broken_since, backoff = None, _BACKOFF_START_S
+                    if self._check(slices, name, pod_ip):
                         return
-                async for kind, obj in client.watch(
+                    if not self._watching:
+                        self._watching = True
+                        state = endpoint_state(slices, pod_name=name, pod_ip=pod_ip)
+                        logger.info(
+                            "kubernetes: pod %s is ready in %d of the %d EndpointSlice(s) "
+                            "that list it; watching them",
+                            self._where(),
+                            state.ready,
+                            state.listed,
+                        )
+                events = client.watch(
                     resource,
                     namespace=self.identity.namespace,
                     resource_version=version,
                     server_timeout=_WATCH_SERVER_TIMEOUT_S,
-                ):
-                    broken_since, backoff = None, _BACKOFF_START_S
-                    version = obj.metadata.resourceVersion or version
-                    if kind == "DELETED":
-                        slices.pop(obj.metadata.name, None)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        slices[obj.metadata.name] = obj
-                    else:
-                        continue
-                    if self._check(slices, pod.metadata.name, pod_ip):
-                        return
+                ).__aiter__()
+                try:
+                    while True:
+                        try:
+                            kind, obj = await asyncio.wait_for(
+                                events.__anext__(), self.api_timeout_s
+                            )
+                        except asyncio.TimeoutError:
+                            # Quiet for a while, in the few seconds a shutdown waits for
+                            # one change: list again, which also shows the server is
+                            # alive (a frozen one never closes the watch).
+                            version = None
+                            break
+                        broken_since, backoff = None, _BACKOFF_START_S
+                        version = obj.metadata.resourceVersion or version
+                        if kind == "DELETED":
+                            slices.pop(obj.metadata.name, None)
+                        elif kind in ("ADDED", "MODIFIED"):
+                            slices[obj.metadata.name] = obj
+                        else:
+                            continue
+                        if self._check(slices, name, pod_ip):
+                            return
+                finally:
+                    with contextlib.suppress(Exception):
+                        await events.aclose()
             except Exception as exc:
                 if _status(exc) == 410:  # the version expired: list afresh
                     version = None

@@ -301,7 +301,10 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(OSError, ApiError):
-                if self.api("GET", "/readyz", raw=True) == "ok":
+                # Ready, and the bootstrap controller made the default namespace.
+                if self.api("GET", "/readyz", raw=True) == "ok" and self.api(
+                    "GET", "/api/v1/namespaces/default"
+                ):
                     return
             for name, proc in self.processes.items():
                 if proc.poll() is not None:
@@ -357,8 +360,33 @@ class Cluster:
                 event = json.loads(line)
                 yield event["type"], event["object"]
 
-    def kubeconfig(self, user: str, namespace: str = "default") -> Path:
-        """A kubeconfig file for one of the token users."""
+    def service_account_kubeconfig(self, name: str, namespace: str = "default") -> Path:
+        """A kubeconfig with a token of ServiceAccount ``name`` (created if missing),
+        from the TokenRequest API: what a pod running as that account presents."""
+        try:
+            self.api(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                {"metadata": {"name": name}},
+            )
+        except ApiError as exc:
+            if exc.status != 409:  # 409: it exists already
+                raise
+        answer = self.api(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+             "spec": {"expirationSeconds": 3600}},
+        )  # fmt: skip
+        return self.kubeconfig(
+            f"sa-{namespace}-{name}", namespace, token=answer["status"]["token"]
+        )
+
+    def kubeconfig(
+        self, user: str, namespace: str = "default", *, token: str | None = None
+    ) -> Path:
+        """A kubeconfig file for one of the token users (or for ``token``)."""
+        token = token or self.users[user]
         path = self.state / f"kubeconfig-{user}"
         ca = base64.b64encode((self.state / "ca.crt").read_bytes()).decode()
         path.write_text(
@@ -370,7 +398,7 @@ class Cluster:
                         {"name": "local", "cluster": {"server": self.url,
                                                       "certificate-authority-data": ca}}
                     ],
-                    "users": [{"name": user, "user": {"token": self.users[user]}}],
+                    "users": [{"name": user, "user": {"token": token}}],
                     "contexts": [
                         {"name": user, "context": {"cluster": "local", "user": user,
                                                    "namespace": namespace}}

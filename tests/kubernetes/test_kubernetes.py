@@ -1,0 +1,264 @@
+"""graceful.kubernetes against a real control plane: kube-apiserver 1.20, the
+endpointslice controller and kube-proxy in a private network namespace, the kubelet's
+part played by :mod:`graceful._demo._kubelet` (see :mod:`graceful._demo._kube`)."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from graceful._demo._kube import ApiError, Cluster
+from graceful._demo._kubelet import Kubelet
+
+from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG, graceful_run, pod_manifest
+
+pytestmark = pytest.mark.timeout(180)
+
+_names = iter(range(1, 10_000))
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ graceful: (.*)$", re.M)
+
+
+def events(log: str) -> list[tuple[float, str]]:
+    """graceful's log lines: (wall-clock time, message)."""
+    return [
+        (
+            datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp(),
+            message,
+        )
+        for stamp, message in LOG_TIME.findall(log)
+    ]
+
+
+def first(log: str, pattern: str) -> tuple[float, re.Match[str]]:
+    for at, message in events(log):
+        if (match := re.search(pattern, message)) is not None:
+            return at, match
+    raise AssertionError(f"no line matching {pattern!r} in:\n{log[-4000:]}")
+
+
+def start(cluster: Cluster, *options: str, kubeconfig: Path | None, **kw: Any) -> Kubelet:
+    name = f"web-{next(_names)}"
+    pod = Kubelet(cluster, pod_manifest(name, graceful_run(*options), kubeconfig=kubeconfig, **kw))
+    pod.start()
+    assert pod.ready.wait(30), pod.log()
+    return pod
+
+
+def wait_exit(pod: Kubelet, timeout_s: float = 30) -> None:
+    assert pod.gone.wait(timeout_s) or pod.proc is None or pod.proc.poll() is not None, pod.log()
+
+
+def contains(got: Any, want: Any) -> bool:
+    """``got`` has everything ``want`` has (dicts: each key; lists: item by item)."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and all(
+            k in got and contains(got[k], v) for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(contains, got, want))
+    return bool(got == want)
+
+
+def test_manifests_apply_and_read_back(cluster: Cluster) -> None:
+    """examples/kubernetes/ is accepted by a real API server and reads back unchanged."""
+    yaml = pytest.importorskip("yaml")
+    paths = {
+        "Deployment": "/apis/apps/v1/namespaces/default/deployments",
+        "Service": "/api/v1/namespaces/default/services",
+        # Kubernetes 1.20 serves PodDisruptionBudget as policy/v1beta1 only (v1 from 1.21,
+        # the same fields): the one translation this test makes.
+        "PodDisruptionBudget": "/apis/policy/v1beta1/namespaces/default/poddisruptionbudgets",
+        "ServiceAccount": "/api/v1/namespaces/default/serviceaccounts",
+        "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles",
+        "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+    }
+    seen = set()
+    for path in sorted((ROOT / "examples" / "kubernetes").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            kind = doc["kind"]
+            seen.add(kind)
+            if kind == "PodDisruptionBudget":
+                assert doc["apiVersion"] == "policy/v1"
+                doc["apiVersion"] = "policy/v1beta1"
+            doc["metadata"]["name"] = "example-" + doc["metadata"]["name"]
+            if kind == "Service":
+                doc["spec"].pop("clusterIP", None)
+            sent = dict(doc)
+            created = cluster.api("POST", paths[kind], sent)
+            back = cluster.api("GET", f"{paths[kind]}/{doc['metadata']['name']}")
+            assert back["metadata"]["uid"] == created["metadata"]["uid"]
+            if kind == "Deployment":
+                want = doc["spec"]["template"]["spec"]["containers"][0]
+                got = back["spec"]["template"]["spec"]["containers"][0]
+                # What was sent reads back, plus the server's defaults.
+                assert contains(got, want)
+                assert "lifecycle" not in got
+            if kind == "Role":
+                assert back["rules"] == doc["rules"]
+            cluster.api("DELETE", f"{paths[kind]}/{doc['metadata']['name']}")
+    assert seen == set(paths)
+
+
+def test_kill_deadline_is_the_deletion_timestamp(cluster: Cluster) -> None:
+    """No grace period configured: the deadline comes from the pod (grace 8 s), and the
+    log line names the deletionTimestamp the API server set."""
+    pod = start(
+        cluster,
+        "--kubernetes",
+        "--policy",
+        "serve-until-killed",
+        kubeconfig=SA_KUBECONFIG[id(cluster)],
+        grace_s=8,
+    )
+    pod.delete()
+    wait_exit(pod)
+    log = pod.log()
+    assert pod.deletion_timestamp is not None
+    stamp = datetime.datetime.fromtimestamp(pod.deletion_timestamp, datetime.timezone.utc)
+    at, match = first(log, r"kill deadline from (.*): SIGKILL in ([\d.]+) s")
+    assert match[1] == (
+        f"the pod's deletionTimestamp {stamp:%Y-%m-%dT%H:%M:%SZ} less 1 s for clock skew"
+    )
+    assert float(match[2]) == pytest.approx(pod.deletion_timestamp - 1 - at, abs=0.2)
+    # serve-until-killed planned against that deadline (with nothing measured it keeps
+    # half of what is left to drain), not against the assumed 30 s, and left in time.
+    assert pod.exit_status == 0
+    assert not pod.killed
+    assert pod.timeline["exited"] < pod.deletion_timestamp - 1
+    assert pod.timeline["exited"] - pod.timeline["delete_requested"] < 8 / 2 + 1
+
+
+def test_accepting_ends_after_the_endpoint_update_plus_idle_and_not_before(
+    cluster: Cluster,
+) -> None:
+    """SIGTERM without a deletion (what ``kubectl exec … kill 1`` does): the endpoint
+    stays ready until the readiness probe has failed three times (3 s), and accepting
+    waits for that, then the idle window; without ``--kubernetes`` it ends after the
+    idle window alone."""
+    pod = start(
+        cluster,
+        "--kubernetes",
+        "--idle",
+        "1",
+        "--grace-period",
+        "20",
+        kubeconfig=SA_KUBECONFIG[id(cluster)],
+        failure_threshold=3,
+    )
+    assert pod.proc is not None
+    term = time.time()
+    pod.proc.send_signal(signal.SIGTERM)
+    pod.proc.wait(30)
+    log = pod.log()
+    removed, _ = first(log, r"pod default/\S+ is not ready in the 1 EndpointSlice")
+    draining, _ = first(log, r"accepting -> draining: no new connection for")
+    assert removed - term > 2.0  # three failed probes, a second apart
+    assert draining - removed >= 1.0 - 0.01  # the idle window, from the endpoint update
+    assert draining - removed < 1.0 + 1.5
+    assert pod.proc.returncode == 0
+
+
+def test_no_rbac_permission_warns_once_and_falls_back(cluster: Cluster) -> None:
+    kubeconfig = cluster.kubeconfig("nobody", token=NOBODY_TOKEN)
+    options = ("--kubernetes", "--idle", "1", "--grace-period", "10")
+    pod = start(cluster, *options, kubeconfig=kubeconfig)
+    pod.delete()
+    wait_exit(pod)
+    log = pod.log()
+    warnings = [m for _, m in events(log) if m.startswith("kubernetes: cannot")]
+    assert len(warnings) == 1, log
+    assert 'pods \\"' in warnings[0] or "forbidden" in warnings[0], warnings
+    assert "endpoint state unknown" in log  # the idle window alone
+    assert "kill deadline from the pod" not in log
+    assert pod.exit_status == 0
+    assert pod.timeline["exited"] - pod.timeline["delete_requested"] < 10 - 1
+
+
+def test_apiserver_stopped_mid_watch_does_not_hang_the_shutdown() -> None:
+    """The API server freezes (SIGSTOP: no error, no data) while the pod waits for its
+    endpoint: a warning after the API timeout, then the idle window; exit long before
+    max-wait."""
+    with Cluster() as cluster:
+        from graceful._demo._kuberollout import service
+
+        service(cluster)
+        from .conftest import apply_rbac
+
+        apply_rbac(cluster)
+        kubeconfig = cluster.service_account_kubeconfig("web")
+        pod = start(
+            cluster,
+            "--kubernetes",
+            "--idle",
+            "1",
+            "--grace-period",
+            "60",
+            "--max-wait",
+            "40",
+            kubeconfig=kubeconfig,
+            failure_threshold=100,  # the endpoint stays ready: the watch waits
+        )
+        assert pod.proc is not None
+        apiserver = cluster.processes["apiserver"]
+        term = time.time()
+        pod.proc.send_signal(signal.SIGTERM)
+        try:
+            deadline = time.monotonic() + 10
+            while "watching them" not in pod.log():  # the watch is established
+                assert time.monotonic() < deadline, pod.log()
+                time.sleep(0.02)
+            apiserver.send_signal(signal.SIGSTOP)
+            pod.proc.wait(30)
+        finally:
+            apiserver.send_signal(signal.SIGCONT)
+        log = pod.log()
+        assert pod.proc.returncode == 0, log
+        # a quiet watch re-lists after 5 s; that list times out (5 s); then the idle window
+        assert time.time() - term < 5 + 5 + 5 + 1 + 3, log
+        assert "kubernetes: " in log
+        assert "endpoint state unknown" in log, log
+
+
+def test_the_pods_namespace_file_and_hostname_are_used_without_the_downward_api(
+    cluster: Cluster,
+) -> None:
+    """Only POD_NAME comes from the downward API: the namespace falls back to the
+    kubeconfig's (a pod's service-account file is not there outside a real kubelet)."""
+    name = f"web-{next(_names)}"
+    manifest = pod_manifest(
+        name, graceful_run("--kubernetes"), kubeconfig=SA_KUBECONFIG[id(cluster)]
+    )
+    env = manifest["spec"]["containers"][0]["env"]
+    manifest["spec"]["containers"][0]["env"] = [e for e in env if e["name"] != "POD_NAMESPACE"]
+    pod = Kubelet(cluster, manifest).start()
+    assert pod.ready.wait(30), pod.log()
+    pod.delete()
+    wait_exit(pod)
+    assert f"kubernetes: pod (default namespace)/{name} (POD_NAME)" in pod.log()
+    assert "kill deadline from the pod's deletionTimestamp" in pod.log()
+
+
+def test_a_pod_in_no_service_is_not_waited_for(cluster: Cluster) -> None:
+    name = f"lonely-{next(_names)}"
+    manifest = pod_manifest(
+        name, graceful_run("--kubernetes", "--idle", "1"), kubeconfig=SA_KUBECONFIG[id(cluster)]
+    )
+    manifest["metadata"]["labels"] = {"app": "nothing-selects-this"}
+    pod = Kubelet(cluster, manifest).start()
+    assert pod.ready.wait(30), pod.log()
+    pod.delete()
+    wait_exit(pod)
+    assert "is listed in no EndpointSlice" in pod.log()
+    assert pod.exit_status == 0
+
+
+def test_api_errors_are_reported_with_their_status(cluster: Cluster) -> None:
+    with pytest.raises(ApiError) as caught:
+        cluster.api("GET", "/api/v1/namespaces/default/pods", token=NOBODY_TOKEN)
+    assert caught.value.status == 403
