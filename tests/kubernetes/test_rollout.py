@@ -1,0 +1,102 @@
+"""A Deployment-style rollout through the real control plane and kube-proxy, clients on
+the ClusterIP (:mod:`graceful._demo._kuberollout`), for stock uvicorn and each policy
+with and without ``--kubernetes``, at kube-proxy sync periods of 1 s and 5 s, the
+kubelet probing readiness every second, no preStop sleep anywhere.
+
+``GRACEFUL_ROLLOUT_RESULTS=FILE`` appends each run's outcome to FILE as a JSON line (the
+figures in docs/kubernetes.md come from there)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from graceful._demo._kube import Cluster
+from graceful._demo._kuberollout import RolloutResult, rollout
+
+from .conftest import SA_KUBECONFIG, graceful_run, pod_manifest, stock_uvicorn
+
+pytestmark = pytest.mark.timeout(240)
+
+IDLE_S = 1.0
+GRACE_S = 10
+SERVERS = {
+    "uvicorn": None,
+    **{
+        f"graceful {policy}{' --kubernetes' if kube else ''}": (policy, kube)
+        for policy in ("accept-until-idle", "serve-until-killed", "refuse-immediately")
+        for kube in (False, True)
+    },
+}
+
+
+def _record(sync: float, server: str, result: RolloutResult) -> None:
+    path = os.environ.get("GRACEFUL_ROLLOUT_RESULTS")
+    if not path:
+        return
+    row = {
+        "sync_s": sync,
+        "server": server,
+        "served": result.served,
+        "failed": {name: dict(c.failed) for name, c in result.clients.items()},
+        "long_request": result.long_request,
+        "exit_status": result.exit_status,
+        "killed": result.killed,
+        "exited_after_s": result.exited_after_s,
+        "unproxied_after_s": result.unproxied_after_s,
+    }
+    with open(path, "a") as out:
+        out.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.parametrize("sync", [1.0, 5.0], ids=lambda s: f"sync {s:g} s")
+@pytest.mark.parametrize("server", list(SERVERS))
+def test_rollout(clusters: Callable[[float], Cluster], sync: float, server: str) -> None:
+    cluster = clusters(sync)
+    choice = SERVERS[server]
+
+    def pod(name: str) -> dict[str, Any]:
+        if choice is None:
+            return pod_manifest(
+                name, stock_uvicorn(), kubeconfig=None, readiness_path="/", grace_s=GRACE_S
+            )
+        policy, kube = choice
+        options = ["--policy", policy]
+        if policy == "accept-until-idle":
+            options += ["--idle", f"{IDLE_S:g}"]
+        # Without the API the grace period must be repeated in the app's config.
+        options += ["--kubernetes"] if kube else ["--grace-period", str(GRACE_S)]
+        return pod_manifest(
+            name,
+            graceful_run(*options),
+            kubeconfig=SA_KUBECONFIG[id(cluster)],
+            grace_s=GRACE_S,
+        )
+
+    result = rollout(cluster, pod)
+    _record(sync, server, result)
+    summary = f"{server}, sync {sync:g} s: {result.summary()}"
+    print(summary)
+    assert result.served > 0, summary
+    if choice is None:
+        if sync >= 5:  # kube-proxy routes to a closed listener for seconds
+            assert result.failures > 0, summary
+        return
+    policy, kube = choice
+    # Every graceful policy finishes the long request and leaves before SIGKILL.
+    assert result.long_request == "200", summary
+    assert result.exit_status == 0, (summary, result.log[-3000:])
+    assert not result.killed, summary
+    if policy != "refuse-immediately":
+        # Kept accepting while kube-proxy still routed here: nothing refused or cut.
+        assert result.failures == 0, (summary, result.log[-3000:])
+    if policy == "accept-until-idle" and kube:
+        assert "kill deadline from the pod's deletionTimestamp" in result.log
+        assert result.exited_after_s is not None
+        assert result.unproxied_after_s is not None
+        # Out within a second of (gone from kube-proxy's rules + the idle window).
+        assert result.exited_after_s <= result.unproxied_after_s + IDLE_S + 1.0, summary
