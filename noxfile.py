@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests lint typing docs demo bench tests_floor``."""
+"""Developer sessions: ``nox -s tests lint typing docs demo bench tests_floor kubernetes``."""
 
 from __future__ import annotations
 
@@ -68,6 +68,19 @@ def floors() -> dict[str, str]:
         if len(versions) != 1:
             raise ValueError(f"the extras disagree on the lowest {name}: {sorted(versions)}")
     return {name: versions.pop() for name, versions in found.items()}
+
+
+@nox.session(python="3.11")
+def kubernetes(session: nox.Session) -> None:
+    """The tests against a real control plane (kube-apiserver, the endpointslice
+    controller, kube-proxy) and the rollouts through it; root.  Builds Kubernetes once
+    (tools/kube/build.sh, 9-13 min, cached); a missing control plane fails, never skips."""
+    session.run("bash", "tools/kube/build.sh", external=True)
+    session.install("-e", ".[test]")
+    session.run(
+        "python", "-m", "pytest", "tests/kubernetes", *session.posargs,
+        env={"GRACEFUL_REQUIRE_KUBERNETES": "1"},
+    )  # fmt: skip
 
 
 @nox.session(python="3.11")
