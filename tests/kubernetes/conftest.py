@@ -9,10 +9,8 @@ there a missing control plane is an error, never a silent skip.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -75,61 +73,3 @@ def clusters() -> Iterator[Callable[[float], Cluster]]:
 def cluster(clusters: Callable[[float], Cluster]) -> Cluster:
     """The control plane with kube-proxy syncing every second."""
     return clusters(1.0)
-
-
-def pod_manifest(
-    name: str,
-    command: list[str],
-    *,
-    kubeconfig: Path | None,
-    readiness_path: str = "/readyz",
-    grace_s: int = 10,
-    probe_period_s: int = 1,
-    failure_threshold: int = 1,
-    env: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A pod of the ``web`` Service, its name, namespace and IP from the downward API."""
-    variables: list[dict[str, Any]] = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-    ]
-    if kubeconfig is not None:
-        variables.append({"name": "KUBECONFIG", "value": str(kubeconfig)})
-    variables += [{"name": k, "value": v} for k, v in (env or {}).items()]
-    return {
-        "metadata": {"name": name, "labels": {"app": "web"}},
-        "spec": {
-            "terminationGracePeriodSeconds": grace_s,
-            "containers": [
-                {
-                    "name": "web",
-                    "image": "none",
-                    "command": command,
-                    "env": variables,
-                    "ports": [{"name": "http", "containerPort": 8000}],
-                    "readinessProbe": {
-                        "httpGet": {"path": readiness_path, "port": "http"},
-                        "periodSeconds": probe_period_s,
-                        "failureThreshold": failure_threshold,
-                    },
-                }
-            ],
-        },
-    }
-
-
-def graceful_run(*options: str) -> list[str]:
-    """``graceful run`` of the demo app on the pod's IP."""
-    return [
-        sys.executable, "-m", "graceful", "run", "graceful._demo.app:app",
-        "--host", "$(POD_IP)", "--port", "8000", *options,
-    ]  # fmt: skip
-
-
-def stock_uvicorn() -> list[str]:
-    return [
-        sys.executable, "-m", "uvicorn", "graceful._demo.app:app",
-        "--host", "$(POD_IP)", "--port", "8000",
-    ]  # fmt: skip

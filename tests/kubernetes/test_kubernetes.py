@@ -15,8 +15,9 @@ import pytest
 
 from graceful._demo._kube import ApiError, Cluster
 from graceful._demo._kubelet import Kubelet
+from graceful._demo._kuberollout import RBAC_RULES, graceful_run, pod_manifest
 
-from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG, graceful_run, pod_manifest
+from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -103,6 +104,13 @@ def test_manifests_apply_and_read_back(cluster: Cluster) -> None:
                 assert back["rules"] == doc["rules"]
             cluster.api("DELETE", f"{paths[kind]}/{doc['metadata']['name']}")
     assert seen == set(paths)
+
+
+def test_the_demo_grants_what_the_example_role_grants() -> None:
+    yaml = pytest.importorskip("yaml")
+    docs = yaml.safe_load_all((ROOT / "examples" / "kubernetes" / "rbac.yaml").read_text())
+    (role,) = (doc for doc in docs if doc["kind"] == "Role")
+    assert role["rules"] == list(RBAC_RULES)
 
 
 def test_kill_deadline_is_the_deletion_timestamp(cluster: Cluster) -> None:

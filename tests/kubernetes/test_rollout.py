@@ -16,9 +16,15 @@ from typing import Any
 import pytest
 
 from graceful._demo._kube import Cluster
-from graceful._demo._kuberollout import RolloutResult, rollout
+from graceful._demo._kuberollout import (
+    RolloutResult,
+    graceful_run,
+    pod_manifest,
+    rollout,
+    stock_uvicorn,
+)
 
-from .conftest import SA_KUBECONFIG, graceful_run, pod_manifest, stock_uvicorn
+from .conftest import SA_KUBECONFIG
 
 pytestmark = pytest.mark.timeout(240)
 

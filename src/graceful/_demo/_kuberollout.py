@@ -24,21 +24,128 @@ import collections
 import errno
 import http.client
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from ._kube import Cluster
 from ._kubelet import Kubelet
 
-__all__ = ("CLUSTER_IP", "RolloutResult", "rollout", "service")
+__all__ = (
+    "CLUSTER_IP",
+    "RBAC_RULES",
+    "RolloutResult",
+    "grant",
+    "graceful_run",
+    "pod_manifest",
+    "rollout",
+    "service",
+    "stock_uvicorn",
+)
 
 CLUSTER_IP: Final = "10.96.0.100"
 _REQUEST_TIMEOUT_S: Final = 3.0
 _MAX_REQUESTS: Final = 5000  # per client: a bound, never reached in a normal run
 _counter = iter(range(1, 1_000_000))
+
+
+#: What graceful.kubernetes reads (examples/kubernetes/rbac.yaml's Role; a test keeps
+#: the two equal).
+RBAC_RULES: Final = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
+    {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["list", "watch"],
+    },
+)
+
+
+def grant(cluster: Cluster, account: str = "web") -> Path:
+    """ServiceAccount ``account`` with :data:`RBAC_RULES` and nothing more; its kubeconfig."""
+    rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/default"
+    cluster.api(
+        "POST",
+        f"{rbac}/roles",
+        {"metadata": {"name": f"{account}-graceful-drain"}, "rules": list(RBAC_RULES)},
+    )
+    cluster.api(
+        "POST",
+        f"{rbac}/rolebindings",
+        {
+            "metadata": {"name": f"{account}-graceful-drain"},
+            "subjects": [{"kind": "ServiceAccount", "name": account}],
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": f"{account}-graceful-drain",
+            },
+        },
+    )
+    return cluster.service_account_kubeconfig(account)
+
+
+def pod_manifest(
+    name: str,
+    command: list[str],
+    *,
+    kubeconfig: Path | None,
+    readiness_path: str = "/readyz",
+    grace_s: int = 10,
+    probe_period_s: int = 1,
+    failure_threshold: int = 1,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A pod of the ``web`` Service, its name, namespace and IP from the downward API."""
+    variables: list[dict[str, Any]] = [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if kubeconfig is not None:
+        variables.append({"name": "KUBECONFIG", "value": str(kubeconfig)})
+    variables += [{"name": k, "value": v} for k, v in (env or {}).items()]
+    return {
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {
+            "terminationGracePeriodSeconds": grace_s,
+            "containers": [
+                {
+                    "name": "web",
+                    "image": "none",
+                    "command": command,
+                    "env": variables,
+                    "ports": [{"name": "http", "containerPort": 8000}],
+                    "readinessProbe": {
+                        "httpGet": {"path": readiness_path, "port": "http"},
+                        "periodSeconds": probe_period_s,
+                        "failureThreshold": failure_threshold,
+                    },
+                }
+            ],
+        },
+    }
+
+
+def graceful_run(*options: str) -> list[str]:
+    """``graceful run`` of the demo app on the pod's IP."""
+    return [
+        sys.executable, "-m", "graceful", "run", "graceful._demo.app:app",
+        "--host", "$(POD_IP)", "--port", "8000", *options,
+    ]  # fmt: skip
+
+
+def stock_uvicorn() -> list[str]:
+    """Stock ``uvicorn`` serving the demo app on the pod's IP."""
+    return [
+        sys.executable, "-m", "uvicorn", "graceful._demo.app:app",
+        "--host", "$(POD_IP)", "--port", "8000",
+    ]  # fmt: skip
 
 
 def service(cluster: Cluster, name: str = "web", *, target_port: int = 8000) -> None:
