@@ -13,6 +13,9 @@ explain themselves:
 * :mod:`graceful._demo._clients` — the load, and what counts as a failure;
 * :mod:`graceful._demo._backend` — graceful backends that report their phases as events;
 * :mod:`graceful._demo._report` and :mod:`graceful._demo._plot` — progress, table, plot;
+* :mod:`graceful._demo._kube`, :mod:`graceful._demo._kubelet`,
+  :mod:`graceful._demo._kuberollout` and :mod:`graceful._demo._kubedemo` — ``--kubernetes``:
+  the same rollout through a real kube-apiserver, endpointslice controller and kube-proxy;
 * :mod:`graceful._demo.app` — the tiny ASGI app uvicorn and hypercorn backends serve, and
   :mod:`graceful._demo.aiohttp_app`, the same endpoints for aiohttp.
 
@@ -57,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds the balancer keeps routing to the terminating backend",
     )
     parser.add_argument(
-        "--grace-period", type=float, default=6.0, help="seconds from SIGTERM to SIGKILL"
+        "--grace-period",
+        type=float,
+        default=None,
+        help="seconds from SIGTERM to SIGKILL (default: 6; with --kubernetes 15, the pod's "
+        "terminationGracePeriodSeconds)",
     )
     parser.add_argument(
         "--idle", type=float, default=1.0, help="accept-until-idle's idle window, seconds"
@@ -72,6 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plot", default=None, help="write the timeline to FILE.svg or .png")
     parser.add_argument(
         "--json", default=None, metavar="FILE", help="also write the outcomes to FILE as JSON"
+    )
+    parser.add_argument(
+        "--kubernetes",
+        action="store_true",
+        help="the rollout through a real control plane instead (kube-apiserver, the "
+        "endpointslice controller, kube-proxy; root, binaries from tools/kube/build.sh)",
+    )
+    parser.add_argument(
+        "--sync-period",
+        type=float,
+        default=5.0,
+        help="with --kubernetes: kube-proxy's --iptables-min-sync-period, s",
     )
     return parser  # fmt: skip
 
@@ -90,6 +109,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             parser.error(
                 f"--servers: {server} is not installed: pip install 'graceful-drain[{server}]'"
             )
+    if args.grace_period is None:
+        args.grace_period = 15.0 if args.kubernetes else 6.0
     for name in ("propagation_delay", "grace_period", "idle", "warmup", "tail", "long_request_s"):
         value = getattr(args, name)
         if not (0 <= value < 600):
@@ -97,6 +118,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     for name in ("keepalive_clients", "fresh_clients", "long_requests", "websockets"):
         if not 0 <= getattr(args, name) <= 200:
             parser.error(f"--{name.replace('_', '-')}: must be 0 to 200")
+    if not 0.1 <= args.sync_period <= 60:
+        parser.error(f"--sync-period: must be 0.1 to 60 seconds, got {args.sync_period}")
+    if args.kubernetes and (args.plot or args.json or args.websockets):
+        parser.error("--kubernetes takes no --plot, --json or --websockets")
     if args.plot and not args.plot.endswith((".svg", ".png")):
         parser.error(f"--plot: must end in .svg or .png, got {args.plot!r}")
     return args
@@ -119,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         print("graceful demo needs rich: pip install 'graceful-drain[demo]'", file=sys.stderr)
         return 2
+    if args.kubernetes:
+        from ._kubedemo import main as kubernetes_demo
+
+        return kubernetes_demo(args)
     outcomes = asyncio.run(_run(args))
     print_table(outcomes, args)
     if args.json:

@@ -378,9 +378,7 @@ class Cluster:
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
              "spec": {"expirationSeconds": 3600}},
         )  # fmt: skip
-        return self.kubeconfig(
-            f"sa-{namespace}-{name}", namespace, token=answer["status"]["token"]
-        )
+        return self.kubeconfig(f"sa-{namespace}-{name}", namespace, token=answer["status"]["token"])
 
     def kubeconfig(
         self, user: str, namespace: str = "default", *, token: str | None = None
