@@ -325,6 +325,12 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "no EndpointSlice routes to the pod (--no-wait-for-endpoints: the deadline only)",
     ),
     Option(
+        "readiness_on_shutdown", choice("fail", "keep"), "fail",
+        to=("middleware", "readiness_on_shutdown"), metavar="{fail,keep}",
+        help="readiness from the shutdown request: fail (503 at once) or keep (200 while "
+        "accepting: kube-proxy's terminating-endpoint fallback still routes here)",
+    ),
+    Option(
         "readiness_path", endpoint_path, "/readyz", to=("middleware", "readiness_path"),
         metavar="PATH", help="readiness endpoint ('none': none)",
     ),

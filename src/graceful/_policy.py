@@ -336,3 +336,14 @@ def policy_from_name(
                 f" (it takes: {', '.join(sorted(takes)) or 'no options'})"
             )
     return cls(**options)
+
+
+#: What readiness answers from the shutdown request on (see ``readiness_on_shutdown`` of
+#: :class:`graceful.asgi.GracefulMiddleware`).
+READINESS_ON_SHUTDOWN: Final = ("fail", "keep")
+
+
+def _check_readiness_on_shutdown(value: object) -> str:
+    if value not in READINESS_ON_SHUTDOWN:
+        raise ValueError(f"readiness_on_shutdown must be 'fail' or 'keep', got {value!r}")
+    return str(value)

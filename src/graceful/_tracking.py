@@ -16,6 +16,22 @@ cheap as it can be.  The accepting phase starts with the conservative budget and
 extends itself as soon as requests were measured — for serve-until-killed that is within
 the first moments of a long accepting phase.
 
+Probes are not traffic
+----------------------
+Accept-until-idle watches new connections: they show that load balancers still send
+traffic here.  But the kubelet opens a new connection for every readiness and liveness
+probe (every second, often), and a load balancer's health checks do the same: counted,
+they restart the idle window forever and the pod uses its whole grace period.  So an
+adapter that sees requests (the ASGI middleware, the aiohttp middleware) calls
+:meth:`Tracking.classify_connections` once, and from then on a connection opened after
+the shutdown request counts as activity only when its *first* request is seen and is not
+a probe (:meth:`Tracking.first_request`; :func:`is_probe`: a health path of ours, or a
+``User-Agent`` of ``kube-probe/…``).  A connection that closes without a request — a
+TCP health check — does not count either.  The activity is stamped when that first
+request arrives, a few milliseconds after its connection; a connection still waiting
+for its first request when accepting ends is served all the same (it was accepted).
+While serving nothing of this runs: the middleware checks one flag per request.
+
 Waking waiters
 --------------
 A waiter (``wait_drained``, the drain loop) needs to hear when a count reaches zero, in
@@ -38,7 +54,20 @@ import anyio
 import anyio.lowlevel
 from typing_extensions import final
 
-__all__ = ("Session", "Tracking")
+__all__ = ("Session", "Tracking", "is_probe")
+
+#: ``User-Agent`` prefix of the kubelet's HTTP probes (``kube-probe/1.30``).
+PROBE_USER_AGENT = b"kube-probe/"
+
+
+def is_probe(user_agent: bytes | str | None) -> bool:
+    """``True`` for the ``User-Agent`` of a Kubernetes probe (``kube-probe/…``)."""
+    if user_agent is None:
+        return False
+    if isinstance(user_agent, str):
+        user_agent = user_agent.encode("latin-1", "replace")
+    return user_agent.startswith(PROBE_USER_AGENT)
+
 
 logger = logging.getLogger("graceful")
 
@@ -127,12 +156,14 @@ class Tracking:
     __slots__ = (
         "__dict__",
         "__weakref__",
+        "_activity_from_requests",
         "_changed",
         "_clock",
         "_closed_draining",
         "_connections",
         "_connections_total",
         "_draining",
+        "_first_requests",
         "_last_activity_at",
         "_nudging",
         "_previous_max",
@@ -160,6 +191,10 @@ class Tracking:
         self._closed_draining = 0  # connections closed while draining (not stopping)
         self._sessions: set[Session] = set()
         self._last_activity_at: float | None = None
+        # See "Probes are not traffic": whether an adapter classifies connections by
+        # their first request, and the connections seen so far while accepting.
+        self._activity_from_requests = False
+        self._first_requests: set[object] = set()
         self._zero_waiters = 0
         self._timing = False  # time requests: set once shutdown was requested
         self._samples = 0
@@ -283,7 +318,8 @@ class Tracking:
         """
         self._connections += 1
         self._connections_total += 1
-        self._last_activity_at = self._now()
+        if not (self._activity_from_requests and self._timing):
+            self._last_activity_at = self._now()
 
     def connection_closed(self) -> None:
         """Report that a connection reported by :meth:`connection_opened` closed."""
@@ -292,6 +328,34 @@ class Tracking:
             self._closed_draining += 1
         if self._zero_waiters and not self._connections:
             self._notify()
+
+    def classify_connections(self) -> None:
+        """For adapters that see requests and report each connection's first one with
+        :meth:`first_request` from the shutdown request on: a connection opened after it
+        then counts as activity only once its first request is seen and is not a probe
+        (see "Probes are not traffic" in the module docs).  Once set, for good."""
+        self._activity_from_requests = True
+
+    def first_request(self, connection: object, *, probe: bool) -> None:
+        """Report a request while accepting; only the first one of each ``connection``
+        counts, as activity unless ``probe``.
+
+        Args:
+            connection: What identifies the request's connection while it is open
+                (ASGI's ``scope["client"]``, aiohttp's transport); ``None`` if unknown:
+                then every request that is not a probe counts.
+            probe: The request is a health, readiness, liveness or metrics request of
+                ours, or a Kubernetes probe (:func:`is_probe`).
+        """
+        if not self._timing or self._draining:
+            return  # only accepting watches activity
+        if connection is not None:
+            seen = self._first_requests
+            if connection in seen:
+                return
+            seen.add(connection)
+        if not probe:
+            self.report_activity()
 
     def report_activity(self) -> None:
         """Report new traffic without a connection to count.

@@ -92,8 +92,9 @@ from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
-from ._policy import Phase, Policy, _check_seconds
+from ._policy import Phase, Policy, _check_readiness_on_shutdown, _check_seconds
 from ._signals import QUICK_SIGNALS, SHUTDOWN_SIGNALS, defer_signals, take_deferred
+from ._tracking import is_probe
 from .asgi import DrainSignal
 
 __all__ = (
@@ -176,11 +177,17 @@ class Middleware:
     __middleware_version__: Final = 1  # aiohttp's marker of a new-style middleware
 
     def __init__(
-        self, coordinator: ShutdownCoordinator, *, websocket_close_grace_s: float = 1.0
+        self,
+        coordinator: ShutdownCoordinator,
+        *,
+        websocket_close_grace_s: float = 1.0,
+        readiness_on_shutdown: str = "fail",
     ) -> None:
         if not isinstance(coordinator, ShutdownCoordinator):
             raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
         _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
+        #: ``"fail"`` or ``"keep"``: see :class:`graceful.asgi.GracefulMiddleware`.
+        self.readiness_on_shutdown = _check_readiness_on_shutdown(readiness_on_shutdown)
         self.coordinator: Final = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
         #: Route handlers that are not counted as requests (the health endpoints).
@@ -189,12 +196,28 @@ class Middleware:
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
         self._nudging = coordinator.nudging
+        # Probes are not traffic (graceful._tracking): while accepting, each
+        # connection's first request says whether it counts as activity.
+        coordinator.classify_connections()
+        self._classifying = False
         coordinator.subscribe(self._on_phase)
 
     def _on_phase(self, phase: Phase) -> None:
         self._nudging = self.coordinator.nudging
+        self._classifying = phase is Phase.ACCEPTING
+
+    def _first_request(self, request: web.Request) -> None:
+        probe = request.match_info.handler in self.uncounted or is_probe(
+            request.headers.get(hdrs.USER_AGENT)
+        )
+        transport = request.transport
+        peer = None if transport is None else transport.get_extra_info("peername")
+        key = tuple(peer[:2]) if isinstance(peer, tuple) else None
+        self.coordinator.first_request(key, probe=probe)
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._classifying:
+            self._first_request(request)
         if self.uncounted and request.match_info.handler in self.uncounted:
             return await handler(request)
         if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
@@ -342,9 +365,10 @@ class Middleware:
         return response
 
     async def readiness(self, request: web.Request) -> web.Response:
-        """200 while serving, 503 from the moment shutdown is requested."""
+        """200 while serving, 503 from the moment shutdown is requested (with
+        ``readiness_on_shutdown="keep"``: from draining on)."""
         c = self.coordinator
-        if c.shutdown_requested:
+        if c.shutdown_requested and (self.readiness_on_shutdown == "fail" or not c.accepting):
             return self._respond(503, f"shutting down ({c.phase})\n")
         return self._respond(200, "ready\n")
 
@@ -387,6 +411,7 @@ def setup(
     prestop_path: str | None = None,
     websocket_close_grace_s: float = 1.0,
     metrics_path: str | None = None,
+    readiness_on_shutdown: str = "fail",
 ) -> Middleware:
     """Install graceful's request side on ``app`` (before it starts).
 
@@ -407,6 +432,8 @@ def setup(
         metrics_path: Prometheus metrics route (``None``: none, the default): the
             coordinator's metrics and everything else in ``prometheus_client``'s
             registry, see :mod:`graceful.metrics` (needs ``graceful-drain[metrics]``).
+        readiness_on_shutdown: ``"fail"`` or ``"keep"``: see
+            :class:`graceful.asgi.GracefulMiddleware`.
 
     Raises:
         ValueError: if ``app`` was set up with another coordinator, or for a bad path.
@@ -433,7 +460,11 @@ def setup(
         None,
     )
     if middleware is None:
-        middleware = Middleware(coordinator, websocket_close_grace_s=websocket_close_grace_s)
+        middleware = Middleware(
+            coordinator,
+            websocket_close_grace_s=websocket_close_grace_s,
+            readiness_on_shutdown=readiness_on_shutdown,
+        )
         app.middlewares.insert(0, middleware)
     elif middleware.coordinator is not coordinator:
         raise ValueError("the application's graceful Middleware has another coordinator")
@@ -552,6 +583,8 @@ class AppRunner(web.AppRunner):
         prestop_path: Passed to :func:`setup` if the application was not set up yet.
         websocket_close_grace_s: Passed to :func:`setup` if the application was not set up yet.
         metrics_path: Passed to :func:`setup` if the application was not set up yet.
+        readiness_on_shutdown: Passed to :func:`setup` if the application was not set up
+            yet.
         kwargs: :class:`aiohttp.web.AppRunner`'s (``access_log``, ``keepalive_timeout``,
             ``shutdown_timeout`` — which bounds only :meth:`cleanup` of what the
             coordinator left, …).  ``handle_signals`` must stay ``False``: signals go to
@@ -569,6 +602,7 @@ class AppRunner(web.AppRunner):
         prestop_path: str | None = None,
         websocket_close_grace_s: float = 1.0,
         metrics_path: str | None = None,
+        readiness_on_shutdown: str = "fail",
         **kwargs: Any,
     ) -> None:
         if kwargs.pop("handle_signals", False):
@@ -587,6 +621,7 @@ class AppRunner(web.AppRunner):
             prestop_path=prestop_path,
             websocket_close_grace_s=websocket_close_grace_s,
             metrics_path=metrics_path,
+            readiness_on_shutdown=readiness_on_shutdown,
         )
         self._handovers = Handovers(coordinator)
         self._open: set[RequestHandler] = set()
@@ -890,6 +925,7 @@ def run_app(
     prestop_path: str | None = None,
     websocket_close_grace_s: float = 1.0,
     metrics_path: str | None = None,
+    readiness_on_shutdown: str = "fail",
     **kwargs: Any,
 ) -> None:
     """Like :func:`aiohttp.web.run_app`, with graceful shutdown.
@@ -912,6 +948,7 @@ def run_app(
         prestop_path: See :func:`setup`.
         websocket_close_grace_s: See :func:`setup`.
         metrics_path: See :func:`setup`.
+        readiness_on_shutdown: See :func:`setup`.
         kwargs: Passed to the :class:`AppRunner` (and on to aiohttp's request handler).
     """
     if coordinator is not None and policy is not None:
@@ -951,6 +988,7 @@ def run_app(
                 "prestop_path": prestop_path,
                 "websocket_close_grace_s": websocket_close_grace_s,
                 "metrics_path": metrics_path,
+                "readiness_on_shutdown": readiness_on_shutdown,
                 "keepalive_timeout": keepalive_timeout,
                 "access_log_class": access_log_class,
                 "access_log_format": access_log_format,

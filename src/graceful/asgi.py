@@ -51,7 +51,8 @@ import anyio
 from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
-from ._policy import Phase, _check_seconds
+from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
+from ._tracking import is_probe
 
 __all__ = ("DrainSignal", "GracefulMiddleware", "drain_signal")
 
@@ -143,6 +144,11 @@ class GracefulMiddleware:
             ``metrics`` extra, ``prometheus-client``; see :mod:`graceful.metrics`).
         websocket_close_grace_s: How long a websocket may stay open after draining began
             before the middleware closes it with code 1001.
+        readiness_on_shutdown: ``"fail"``: readiness answers 503 from the shutdown
+            request on (health-checking load balancers deprogram the pod); ``"keep"``:
+            200 while still accepting, 503 from draining on (the pod stays ``serving``
+            in its EndpointSlice, so kube-proxy's fallback to terminating endpoints
+            still routes here when no other endpoint is ready, KEP-1669).
     """
 
     def __init__(
@@ -155,10 +161,12 @@ class GracefulMiddleware:
         prestop_path: str | None = None,
         websocket_close_grace_s: float = 1.0,
         metrics_path: str | None = None,
+        readiness_on_shutdown: str = "fail",
     ) -> None:
         if not isinstance(coordinator, ShutdownCoordinator):
             raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
         _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
+        self.readiness_on_shutdown: Final = _check_readiness_on_shutdown(readiness_on_shutdown)
         self.app = app
         self.coordinator = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
@@ -188,6 +196,10 @@ class GracefulMiddleware:
         self.drain_signal: Final = self._signal
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
+        # Probes are not traffic (graceful._tracking): while accepting, each
+        # connection's first request says whether it counts as activity.
+        coordinator.classify_connections()
+        self._classifying = False
         # The hot path reads our own copy of the coordinator's nudging flag, kept
         # current by a phase listener (a property read per response costs more).
         self._nudging = coordinator.nudging
@@ -197,6 +209,8 @@ class GracefulMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        if self._classifying:
+            self._first_request(scope)
         if kind == "http":
             if scope["path"] in self._health:
                 await self._health[scope["path"]](scope, receive, send)
@@ -241,6 +255,19 @@ class GracefulMiddleware:
 
     def _on_phase(self, phase: Phase) -> None:
         self._nudging = self.coordinator.nudging
+        self._classifying = phase is Phase.ACCEPTING
+
+    def _first_request(self, scope: Scope) -> None:
+        """While accepting: tell the coordinator whether this request's connection is
+        traffic or a probe (only its first request counts)."""
+        probe = scope["type"] == "http" and scope["path"] in self._health
+        if not probe:
+            for name, value in scope.get("headers") or ():
+                if name == b"user-agent":
+                    probe = is_probe(value)
+                    break
+        client = scope.get("client")
+        self.coordinator.first_request(tuple(client) if client else None, probe=probe)
 
     def _add_extension(self, scope: Scope) -> None:
         extensions = scope.get("extensions")
@@ -356,7 +383,7 @@ class GracefulMiddleware:
 
     async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
         c = self.coordinator
-        if c.shutdown_requested:
+        if c.shutdown_requested and (self.readiness_on_shutdown == "fail" or not c.accepting):
             await self._respond(send, 503, f"shutting down ({c.phase})\n")
         elif self._lifespan_seen and not self._started:
             await self._respond(send, 503, "starting\n")

@@ -695,6 +695,7 @@ def _make_server(
             "prestop_path",
             "websocket_close_grace_s",
             "metrics_path",
+            "readiness_on_shutdown",
         )
         if key in kwargs
     }
@@ -714,7 +715,7 @@ async def serve(
 
     Keyword arguments go to :class:`uvicorn.Config`, except the middleware's
     (``readiness_path``, ``liveness_path``, ``prestop_path``, ``websocket_close_grace_s``,
-    ``metrics_path``)
+    ``metrics_path``, ``readiness_on_shutdown``)
     and ``wrap_app``.
     """
     await _make_server(app, coordinator, policy, kwargs).serve()

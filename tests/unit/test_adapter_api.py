@@ -49,6 +49,8 @@ ADAPTER_API = (
     "track_request",
     "track_session",
     "report_activity",
+    "classify_connections",
+    "first_request",
     "add_request_source",
     "add_stopping_step",
     "subscribe",
@@ -184,6 +186,43 @@ async def test_adapter_api_works_before_run() -> None:
     unsubscribe = c.subscribe(lambda phase: None)
     unsubscribe()
     unsubscribe()  # twice is harmless
+
+
+@pytest.mark.anyio
+async def test_probes_are_not_activity() -> None:
+    """With classify_connections, a new connection counts as activity only once its first
+    request is seen and is not a probe; later requests on it do not count again."""
+    c = ShutdownCoordinator()
+    c.classify_connections()
+    c.connection_opened()  # while serving: a connection is activity at once
+    before = c.statistics().since_last_connection_s
+    assert before is not None
+    c.request_shutdown("test")
+    stamp = c._last_activity_at
+    c.connection_opened()  # accepting: not yet
+    assert c._last_activity_at == stamp
+    c.first_request(("10.0.0.1", 1111), probe=True)  # the kubelet's probe
+    assert c._last_activity_at == stamp
+    c.first_request(("10.0.0.1", 2222), probe=False)  # traffic
+    traffic = c._last_activity_at
+    assert traffic is not None
+    assert stamp is None or traffic >= stamp
+    c.first_request(("10.0.0.1", 2222), probe=False)  # the same connection again
+    c.first_request(("10.0.0.1", 1111), probe=False)  # a probe connection's 2nd request
+    assert c._last_activity_at == traffic
+    c.first_request(None, probe=False)  # no connection identity: every request counts
+    assert c._last_activity_at is not None
+    assert c._last_activity_at >= traffic
+
+
+@pytest.mark.anyio
+async def test_without_classification_connections_are_activity() -> None:
+    c = ShutdownCoordinator()
+    c.request_shutdown("test")
+    stamp = c._last_activity_at
+    c.connection_opened()
+    assert c._last_activity_at is not None
+    assert c._last_activity_at != stamp
 
 
 @pytest.mark.anyio

@@ -213,6 +213,7 @@ def test_keyword_arguments_come_from_values() -> None:
         "prestop_path": "/stop",
         "metrics_path": None,
         "websocket_close_grace_s": 0.5,
+        "readiness_on_shutdown": "fail",
     }
     assert _config.uvicorn_kwargs(values)["http"] == "h11"
 
