@@ -93,7 +93,13 @@ from typing_extensions import final
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_readiness_on_shutdown, _check_seconds
-from ._signals import QUICK_SIGNALS, SHUTDOWN_SIGNALS, defer_signals, take_deferred
+from ._signals import (
+    QUICK_SIGNALS,
+    SHUTDOWN_SIGNALS,
+    defer_signals,
+    signal_name,
+    take_deferred,
+)
 from ._tracking import is_probe
 from .asgi import DrainSignal
 
@@ -784,10 +790,16 @@ async def _never() -> None:
 
 
 @contextlib.contextmanager
-def _signals_deferred(enabled: bool) -> Generator[None, None, None]:
+def _signals_deferred(
+    enabled: bool, coordinator: ShutdownCoordinator
+) -> Generator[None, None, None]:
     """Until the coordinator's handlers are in place, record SIGTERM/SIGINT/SIGQUIT
-    (delivered once it runs); on exit restore the handlers found and re-raise a signal
-    that was never delivered."""
+    (delivered once it runs); after it ran, while the runner is cleaned up, record them
+    too.  On exit restore the handlers found and re-raise a signal that was never
+    delivered — unless the coordinator shut down already: then a SIGTERM recorded during
+    the teardown (the kubelet's, right after a preStop drain; a process group's second
+    copy) asks for what is done, and re-raising it would kill the process (status 143)
+    with its default action."""
     if not enabled or not _in_main_thread():
         yield
         return
@@ -799,8 +811,16 @@ def _signals_deferred(enabled: bool) -> Generator[None, None, None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        for signum in take_deferred(handled):
-            signal.raise_signal(signum)
+        late = take_deferred(handled)
+        if coordinator.shutdown_requested:
+            if late:
+                logger.info(
+                    "%s during the teardown: already shut down",
+                    ", ".join(signal_name(s) for s in late),
+                )
+        else:
+            for signum in late:
+                signal.raise_signal(signum)
 
 
 def _in_main_thread() -> bool:
@@ -852,29 +872,26 @@ async def _serve(
     sites: dict[str, Any],
     runner_options: dict[str, Any],
 ) -> None:
-    with _signals_deferred(handle_signals):
-        if inspect.isawaitable(app):
-            app = await app
-        if not isinstance(app, web.Application):
-            raise TypeError(f"expected an aiohttp.web.Application, got {app!r}")
-        runner = AppRunner(app, coordinator=coordinator, **runner_options)
-        await runner.setup()
-        try:
-            for site in _make_sites(runner, **sites):
-                await site.start()
-            runner.adopt_sites()
-            names = sorted(str(s.name) for s in runner.sites)
-            for name in names:
-                logger.info("aiohttp running on %s", name)
-            if print is not None:
-                print(
-                    "======== Running on {} ========\n(Press CTRL+C to quit)".format(
-                        ", ".join(names)
-                    )
-                )
-            await coordinator.run(shutdown_trigger=None if handle_signals else _never)
-        finally:
-            await runner.cleanup()
+    if inspect.isawaitable(app):
+        app = await app
+    if not isinstance(app, web.Application):
+        raise TypeError(f"expected an aiohttp.web.Application, got {app!r}")
+    runner = AppRunner(app, coordinator=coordinator, **runner_options)
+    await runner.setup()
+    try:
+        for site in _make_sites(runner, **sites):
+            await site.start()
+        runner.adopt_sites()
+        names = sorted(str(s.name) for s in runner.sites)
+        for name in names:
+            logger.info("aiohttp running on %s", name)
+        if print is not None:
+            print(
+                "======== Running on {} ========\n(Press CTRL+C to quit)".format(", ".join(names))
+            )
+        await coordinator.run(shutdown_trigger=None if handle_signals else _never)
+    finally:
+        await runner.cleanup()
     if coordinator.phase is Phase.STOPPED:
         coordinator.exit_soon()
 
@@ -998,21 +1015,25 @@ def run_app(
             },
         )
     )
-    try:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(main_task)
-    except (web.GracefulExit, KeyboardInterrupt):
-        pass
-    finally:
+    # Signals are recorded before the coordinator runs and after it ran, until the loop
+    # is closed: the teardown (cleanup, cancelling left-over tasks) is no place for a
+    # shutdown signal's default action.
+    with _signals_deferred(handle_signals, coordinator):
         try:
-            if not main_task.done():
-                main_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    loop.run_until_complete(main_task)
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(main_task)
+        except (web.GracefulExit, KeyboardInterrupt):
+            pass
         finally:
-            _cancel_tasks(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+            try:
+                if not main_task.done():
+                    main_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        loop.run_until_complete(main_task)
+            finally:
+                _cancel_tasks(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
 
 
 # ---------------------------------------------------------------------- targets

@@ -386,6 +386,23 @@ def test_prestop_endpoint_blocks_until_drained(servers: list[AiohttpServer]) -> 
     assert server.wait_exit() == 0
 
 
+def test_sigterm_during_the_teardown_after_prestop_is_not_fatal(
+    servers: list[AiohttpServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet's SIGTERM right after a preStop drain lands after the coordinator ran,
+    while run_app tears down (made certain here by a task that takes a second to end
+    when cancelled): the process still exits 0, not 143 (seen in CI under load)."""
+    monkeypatch.setenv("TEST_LINGER", "1")
+    server = start(servers, "run_app", **POLICIES["refuse-immediately"], prestop_path="/prestop")
+    prestop = RawHTTP(server.port)
+    prestop.send("/prestop")
+    assert prestop.response()[0] == 200
+    server.wait_for_line(r"lingering task cancelled")
+    server.signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    server.wait_for_line(r"SIGTERM during the teardown: already shut down")
+
+
 def test_idle_keep_alive_may_send_one_more_request_at_draining(
     servers: list[AiohttpServer],
 ) -> None:

@@ -96,6 +96,22 @@ async def on_cleanup(app: web.Application) -> None:
     say("on_cleanup ran")
 
 
+async def _linger() -> None:
+    """A task left running at the end: run_app cancels it in its teardown, after the
+    coordinator ran, and it takes a second to go — a window for a late signal."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        say("lingering task cancelled")
+        await asyncio.sleep(1.0)
+        raise
+
+
+async def on_startup(app: web.Application) -> None:
+    if os.environ.get("TEST_LINGER"):
+        app["linger"] = asyncio.get_running_loop().create_task(_linger())
+
+
 def make_app() -> web.Application:
     app = web.Application()
     app.router.add_get("/", hello)
@@ -105,6 +121,7 @@ def make_app() -> web.Application:
     app.router.add_get("/events", events)
     app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
+    app.on_startup.append(on_startup)
     return app
 
 
