@@ -60,8 +60,11 @@ __all__ = (
 
 #: Signals that request shutdown; a repeat escalates.
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
-#: Signals that stop at once.
-QUICK_SIGNALS: Final = (signal.SIGQUIT,)
+#: Signals that stop at once (none on Windows, which has no SIGQUIT: ``import graceful``
+#: and the middleware work there, only signal handling is POSIX's).
+QUICK_SIGNALS: Final[tuple[int, ...]] = tuple(
+    getattr(signal, name) for name in ("SIGQUIT",) if hasattr(signal, name)
+)
 
 Schedule = Callable[[Callable[[], object]], object]
 

@@ -150,7 +150,7 @@ from typing_extensions import final
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
-from ._signals import catch_signals, defer_signals, signal_name, take_deferred
+from ._signals import QUICK_SIGNALS, catch_signals, defer_signals, signal_name, take_deferred
 from .asgi import GracefulMiddleware
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ __all__ = ("run", "serve")
 logger = logging.getLogger("graceful")
 
 #: The signals :func:`serve` handles when it is given no ``shutdown_trigger``.
-HANDLED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+HANDLED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, *QUICK_SIGNALS)
 
 WorkerClass = Literal["asyncio", "uvloop", "trio"]
 WORKER_CLASSES: Final = ("asyncio", "uvloop", "trio")
@@ -1102,7 +1102,7 @@ async def serve(
     shutdown_trigger: Callable[[], Awaitable[object]] | None = None,
     sockets: Sockets | None = None,
     mode: Literal["asgi", "wsgi"] | None = None,
-    quick_signals: tuple[int, ...] = (signal.SIGQUIT,),
+    quick_signals: tuple[int, ...] = QUICK_SIGNALS,
     idle_grace_s: float = 1.0,
     **middleware_options: Any,
 ) -> None:

@@ -79,7 +79,7 @@ from typing_extensions import final
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
-from ._signals import catch_signals
+from ._signals import QUICK_SIGNALS, catch_signals
 from .asgi import ASGIApp, GracefulMiddleware
 
 __all__ = ("Server", "run", "serve")
@@ -92,7 +92,7 @@ _KEEP_ALIVE_WRITES_CLOSE = tuple(int(p) for p in uvicorn.__version__.split(".")[
 _CLOSE_HEADER = (b"connection", b"close")
 
 #: The signals this server handles (uvicorn's SIGINT and SIGTERM, plus SIGQUIT).
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, *QUICK_SIGNALS)
 
 
 def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[Any]:
@@ -197,7 +197,7 @@ class Server(uvicorn.Server):
         *,
         coordinator: ShutdownCoordinator | None = None,
         wrap_app: bool = True,
-        quick_signals: tuple[int, ...] = (signal.SIGQUIT,),
+        quick_signals: tuple[int, ...] = QUICK_SIGNALS,
         idle_grace_s: float = 1.0,
         **middleware_options: Any,
     ) -> None:
