@@ -114,17 +114,22 @@ class Netns:
             entered.set_exception(exc)
             return
         entered.set_result(None)
+        # Each call on a thread of its own, started from here (so inside the namespace
+        # too): a slow API call or command never holds up the others.
         while (item := self._calls.get()) is not None:
-            function, result = item
-            if not result.set_running_or_notify_cancel():
-                continue
-            try:
-                result.set_result(function())
-            except BaseException as exc:
-                result.set_exception(exc)
+            threading.Thread(target=self._run, args=item, daemon=True).start()
+
+    @staticmethod
+    def _run(function: Callable[[], Any], result: Future[Any]) -> None:
+        if not result.set_running_or_notify_cancel():
+            return
+        try:
+            result.set_result(function())
+        except BaseException as exc:
+            result.set_exception(exc)
 
     def call(self, function: Callable[[], T], *, timeout_s: float = 60.0) -> T:
-        """``function()`` on the namespace's thread; its result or its exception."""
+        """``function()`` on a thread inside the namespace; its result or its exception."""
         result: Future[T] = Future()
         self._calls.put((function, result))
         return result.result(timeout=timeout_s)

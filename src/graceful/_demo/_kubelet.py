@@ -66,6 +66,8 @@ class Kubelet:
         self.container: dict[str, Any] = pod["spec"]["containers"][0]
         self.log_path: Path = cluster.state / f"pod-{self.name}.log"
         self.timeline: dict[str, float] = {}
+        #: What went wrong in the kubelet's own loops (empty in a good run).
+        self.errors: list[str] = []
         self.exit_status: int | None = None
         self.killed = False
         self.deletion_timestamp: float | None = None
@@ -115,11 +117,18 @@ class Kubelet:
         return self
 
     def _thread(self, target: Any) -> None:
-        # Started from the namespace's thread, so it is inside the namespace too.
+        # Started from a thread inside the namespace, so it is inside the namespace too.
+        name = f"kubelet-{self.name}"
+
+        def guarded() -> None:
+            try:
+                target()
+            except Exception as exc:  # the API server stopping under a watch, …
+                if not self._stop.is_set():
+                    self.errors.append(f"{target.__name__}: {exc!r}")
+
         self.cluster.ns.call(
-            lambda: threading.Thread(
-                target=target, daemon=True, name=f"kubelet-{self.name}"
-            ).start()
+            lambda: threading.Thread(target=guarded, daemon=True, name=name).start()
         )
 
     def _patch_status(self, *, ready: bool, phase: str | None = None) -> None:
@@ -203,7 +212,7 @@ class Kubelet:
                         self._deleting.set()
                         self._thread(self._terminate)
                         return
-            except OSError:
+            except (OSError, ValueError, http.client.HTTPException):  # reconnect
                 if self._stop.wait(0.2):
                     return
 

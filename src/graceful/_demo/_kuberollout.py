@@ -189,6 +189,7 @@ class RolloutResult:
     deletion_timestamp_after_s: float | None
     timeline: dict[str, float]
     log: str
+    kubelet_errors: list[str] = field(default_factory=list)
 
     @property
     def failures(self) -> int:
@@ -351,4 +352,5 @@ def rollout(
         else old.deletion_timestamp - deleted_at,
         timeline={k: v - deleted_at for k, v in old.timeline.items()},
         log=old.log(),
+        kubelet_errors=old.errors + ([] if new is None else new.errors),
     )
