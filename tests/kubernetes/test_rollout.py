@@ -56,6 +56,8 @@ def _record(sync: float, server: str, result: RolloutResult) -> None:
         "killed": result.killed,
         "exited_after_s": result.exited_after_s,
         "unproxied_after_s": result.unproxied_after_s,
+        "draining_after_s": result.draining_after_s,
+        "long_request_done_after_s": result.long_request_done_after_s,
     }
     with open(path, "a") as out:
         out.write(json.dumps(row) + "\n")
@@ -105,7 +107,13 @@ def test_rollout(clusters: Callable[[float], Cluster], sync: float, server: str)
         assert result.failures == 0, (summary, result.log[-3000:])
     if policy == "accept-until-idle" and kube:
         assert "kill deadline from the pod's deletionTimestamp" in result.log
-        assert result.exited_after_s is not None
-        assert result.unproxied_after_s is not None
-        # Out within a second of (gone from kube-proxy's rules + the idle window).
-        assert result.exited_after_s <= result.unproxied_after_s + IDLE_S + 1.0, summary
+        exited, unproxied = result.exited_after_s, result.unproxied_after_s
+        draining, long_done = result.draining_after_s, result.long_request_done_after_s
+        assert exited is not None
+        assert unproxied is not None
+        assert draining is not None
+        assert long_done is not None
+        # Accepting ends within a second of (gone from kube-proxy's rules + the idle
+        # window), and the pod leaves as soon as that and the long request allow.
+        assert draining <= unproxied + IDLE_S + 1.0, summary
+        assert exited <= max(unproxied + IDLE_S, long_done) + 1.0, summary

@@ -21,8 +21,10 @@ the old pod is gone and a second more.
 from __future__ import annotations
 
 import collections
+import datetime
 import errno
 import http.client
+import re
 import socket
 import sys
 import threading
@@ -186,6 +188,10 @@ class RolloutResult:
     killed: bool
     exited_after_s: float | None
     unproxied_after_s: float | None
+    #: When the old pod stopped accepting (graceful's log), if it logs it.
+    draining_after_s: float | None
+    #: When the long request was answered (whichever pod served it).
+    long_request_done_after_s: float | None
     deletion_timestamp_after_s: float | None
     timeline: dict[str, float]
     log: str
@@ -207,7 +213,13 @@ class RolloutResult:
         return (
             "; ".join(parts)
             + f"; long request {self.long_request}; exit {self.exit_status}"
-            + f"{' (SIGKILLed)' if self.killed else ''} at {self.exited_after_s or 0:.2f} s,"
+            + f"{' (SIGKILLed)' if self.killed else ''} at {self.exited_after_s or 0:.2f} s"
+            + (
+                ""
+                if self.draining_after_s is None
+                else f" (accepting until {self.draining_after_s:.2f} s)"
+            )
+            + ","
             + f" out of kube-proxy's rules at {self.unproxied_after_s or 0:.2f} s"
         )
 
@@ -250,7 +262,9 @@ def _client(keep_alive: bool, stop: threading.Event, counts: ClientCounts) -> No
         conn.close()
 
 
-def _long_request(seconds: float, outcome: list[str], sent: threading.Event) -> None:
+def _long_request(
+    seconds: float, outcome: list[str], done_at: list[float], sent: threading.Event
+) -> None:
     conn = http.client.HTTPConnection(CLUSTER_IP, 80, timeout=seconds + 10)
     try:
         conn.request("GET", f"/slow?s={seconds:g}")
@@ -261,8 +275,22 @@ def _long_request(seconds: float, outcome: list[str], sent: threading.Event) -> 
     except (OSError, http.client.HTTPException) as exc:
         outcome.append(_classify(exc))
     finally:
+        done_at.append(time.time())
         sent.set()
         conn.close()
+
+
+_DRAINING: Final = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ graceful: accepting -> draining", re.M
+)
+
+
+def _draining_at(log: str) -> float | None:
+    """When graceful's log says accepting ended (wall clock), if it does."""
+    match = _DRAINING.search(log)
+    if match is None:
+        return None
+    return datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def _wait(
@@ -298,6 +326,7 @@ def rollout(
         _wait(lambda: cluster.proxied(old.ip), timeout_s, "old pod in kube-proxy's rules")
         counts = {"keep-alive": ClientCounts(), "fresh connection": ClientCounts()}
         outcome: list[str] = []
+        long_done: list[float] = []
         sent = threading.Event()
 
         def start_clients() -> None:
@@ -315,7 +344,9 @@ def rollout(
         _wait(lambda: cluster.proxied(new.ip), timeout_s, "new pod in kube-proxy's rules")
 
         def start_long() -> None:
-            t = threading.Thread(target=_long_request, args=(long_request_s, outcome, sent))
+            t = threading.Thread(
+                target=_long_request, args=(long_request_s, outcome, long_done, sent)
+            )
             t.start()
             threads.append(t)
 
@@ -340,6 +371,8 @@ def rollout(
             new.gone.wait(10)
             new.stop()
     exited = old.timeline.get("exited")
+    log = old.log()
+    draining = _draining_at(log)
     return RolloutResult(
         clients=counts,
         long_request=outcome[0] if outcome else "not sent",
@@ -347,10 +380,12 @@ def rollout(
         killed=old.killed,
         exited_after_s=None if exited is None else exited - deleted_at,
         unproxied_after_s=unproxied_after,
+        draining_after_s=None if draining is None else draining - deleted_at,
+        long_request_done_after_s=long_done[0] - deleted_at if long_done else None,
         deletion_timestamp_after_s=None
         if old.deletion_timestamp is None
         else old.deletion_timestamp - deleted_at,
         timeline={k: v - deleted_at for k, v in old.timeline.items()},
-        log=old.log(),
+        log=log,
         kubelet_errors=old.errors + ([] if new is None else new.errors),
     )
