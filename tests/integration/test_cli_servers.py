@@ -5,6 +5,7 @@ Every wait is on an output line, a response or an exit, each with a deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,8 +155,14 @@ def test_reload_restarts_on_change_then_sigterm_drains(
     )  # fmt: skip
     server.wait_for_line(r"Application startup complete")
     assert get(connect(server.port))["version"] == "1"
-    (app_dir / "echoapp.py").write_text(APP.format(version="2"))
-    server.wait_for_line(r"Reloading")
+    # uvicorn's reloader arms its file watcher some time after the server started (with
+    # watchfiles 1.3 here, up to a second or two): change the file until it notices.
+    deadline = time.monotonic() + 15
+    while "Reloading" not in server.output():
+        assert time.monotonic() < deadline, server.output()
+        (app_dir / "echoapp.py").write_text(APP.format(version="2"))
+        with contextlib.suppress(AssertionError):
+            server.wait_for_line(r"Reloading", timeout_s=0.5)
     server.wait_for_line(STOPPED)  # the old server drained
     server.wait_for_line(r"Application startup complete", count=2)
     assert get(connect(server.port))["version"] == "2"
