@@ -77,6 +77,13 @@ logger: Final = logging.getLogger("graceful")
 
 #: Environment variable holding the grace period (seconds before SIGKILL).
 GRACE_PERIOD_ENV: Final = "GRACEFUL_GRACE_PERIOD"
+#: A repeat of the first shutdown request's reason (``"SIGTERM"``) this soon after it is
+#: the same event arriving twice, not a second request: a signal sent to a process group
+#: reaches a gunicorn worker from the kernel and again from the master relaying it
+#: (systemd's ``KillMode=control-group``, dumb-init's setsid mode, supervisord's
+#: ``stopasgroup``, ``timeout``), within milliseconds, tens of them under load.  A person
+#: pressing Ctrl-C twice to force the exit takes longer than this.
+DUPLICATE_WINDOW_S: Final = 0.3
 
 PhaseListener = Callable[[Phase], None]
 _YEAR_S: Final = 365 * 24 * 3600.0
@@ -218,6 +225,7 @@ class ShutdownCoordinator(Tracking):
         self._queue: collections.deque[Transition] = collections.deque()
         self._dispatching = False
         self._requested_at: float | None = None
+        self._first_reason: str | None = None
         self._kill_at: float | None = None
         self._kill_source: str | None = None
         self._deadlines: Deadlines | None = None
@@ -441,8 +449,23 @@ class ShutdownCoordinator(Tracking):
             )
             return
         now = self._now()
+        if (
+            escalate
+            and self._requested_at is not None
+            and reason == self._first_reason
+            and now - self._requested_at < DUPLICATE_WINDOW_S
+            and not immediate
+        ):
+            logger.info(
+                "%s again %.0f ms after the first: the same event (a process group's "
+                "signal and its relay), not an escalation",
+                reason,
+                (now - self._requested_at) * 1000,
+            )
+            return
         if self._requested_at is None:
             self._requested_at = now
+            self._first_reason = reason
             started = self._requests_total + self._external_requests()[1]
             self._totals_at_request = (self._connections_total, started)
             self._timing = True  # measure what draining will need

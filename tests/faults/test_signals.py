@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from graceful._coordinator import DUPLICATE_WINDOW_S
+
 from ._harness import ACCEPTING, STOPPED, Client, Harness, tracebacks
 
 OPTIONS = ["--policy", "accept-until-idle", "--idle", "1", "--grace-period", "10"]
@@ -96,8 +98,13 @@ def test_second_signal_escalates(
     """A second shutdown signal skips to stopping: the in-flight request gets 503; exit 0"""
     server = harness.graceful(*OPTIONS)
     client = slow_client(server)
+    sent = time.monotonic()
     server.signal(first)
     server.wait_for_line(rf"serving -> accepting: {first.name}")
+    # A deliberate second signal: later than a process group's duplicate could be.
+    wait_until = sent + DUPLICATE_WINDOW_S + 0.1
+    while time.monotonic() < wait_until:
+        time.sleep(0.02)
     began = time.monotonic()
     server.signal(second)
     code = server.wait_exit(10)
@@ -185,3 +192,64 @@ def test_sigterm_then_sigquit_while_draining(
     assert code == 0
     assert server.has_line(r"draining -> stopping: SIGQUIT")
     assert took < 3
+
+
+def test_the_same_signal_twice_at_once_is_not_an_escalation(
+    harness: Harness, record: Callable[[str], None]
+) -> None:
+    """The same SIGTERM twice back to back (a process group's signal and its relay):
+    the in-flight request completes (200), nothing escalates."""
+    server = harness.graceful(*OPTIONS)
+    client = Client.connect(server.port)  # type: ignore[attr-defined]
+    client.request("/slow?s=1", "slow")
+    server.wait_for_line(r"started slow ")
+    server.signal(signal.SIGTERM)
+    server.signal(signal.SIGTERM)
+    code = server.wait_exit(15)
+    record(f"{describe(client)}; exit {code}")
+    assert client.responses[0].status == 200
+    assert code == 0
+    assert "(escalated)" not in server.output()  # (the kernel may also merge the two)
+
+
+@pytest.mark.parametrize(
+    "worker",
+    [
+        "graceful.gunicorn.UvicornWorker",
+        "graceful.gunicorn.HypercornWorker",
+    ],
+)
+def test_sigterm_to_gunicorns_process_group_is_not_an_escalation(worker: str) -> None:
+    """``kill -TERM -- -$PGID`` on gunicorn (systemd's KillMode=control-group,
+    dumb-init's setsid mode, supervisord's stopasgroup, ``timeout``): each worker gets
+    SIGTERM from the kernel and again from the master.  The in-flight request
+    completes (200) as under stock uvicorn-worker."""
+    import os
+    import sys
+
+    from integration.servers import RawHTTP, ServerProcess
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
+    server = ServerProcess(
+        [sys.executable, "-m", "gunicorn", "examples.asgi_app:app", "-k", worker,
+         "-w", "1", "-b", "127.0.0.1:0", "--graceful-timeout", "10"],
+        env={**environment, "GRACEFUL_IDLE": "0.5"},
+    )  # fmt: skip
+    try:
+        port = int(server.wait_for_line(r"Listening at: http://127\.0\.0\.1:(\d+)").group(1))
+        server.wait_for_line(r"Booting worker")
+        client = RawHTTP(port)
+        for _ in range(100):  # the worker may still be starting: bounded retries
+            try:
+                client.send("/slow?s=2")
+                server.wait_for_line(r"slow request started", timeout_s=0.5)
+                break
+            except (OSError, AssertionError):
+                client = RawHTTP(port)
+        os.killpg(os.getpgid(server.proc.pid), signal.SIGTERM)
+        status = client.response()[0]
+        assert server.wait_exit(20) == 0
+        assert status == 200, server.output()
+        assert "(escalated)" not in server.output()
+    finally:
+        server.stop()
