@@ -226,6 +226,7 @@ class ShutdownCoordinator(Tracking):
         self._dispatching = False
         self._requested_at: float | None = None
         self._first_reason: str | None = None
+        self._kill_expected: str | None = None
         self._kill_at: float | None = None
         self._kill_source: str | None = None
         self._deadlines: Deadlines | None = None
@@ -495,6 +496,13 @@ class ShutdownCoordinator(Tracking):
             self._plan(self._requested_at)
             self._notify()
 
+    def expect_kill_deadline(self, source: str) -> None:
+        """Announce that a watcher will report the kill deadline (:meth:`set_kill_deadline`)
+        shortly after the shutdown request, from ``source`` (``"the pod's
+        deletionTimestamp"``): with no grace period configured, the default is still
+        assumed until it arrives, but the log says what is awaited instead of warning."""
+        self._kill_expected = str(source)
+
     def notify_endpoint_removed(self) -> None:
         """Report that the pod is gone from its EndpointSlice (no more new traffic)."""
         if self._endpoint_removed_at is None:
@@ -719,7 +727,13 @@ class ShutdownCoordinator(Tracking):
         first = self._deadlines is None
         self._deadlines = d
         now = self._now()
-        if first and d.assumed and not isinstance(self.policy, ServeUntilKilled):
+        if first and d.assumed and self._kill_expected is not None:
+            logger.info(
+                "kill deadline: waiting for %s; %g s assumed until then",
+                self._kill_expected,
+                _deadlines.DEFAULT_GRACE_PERIOD_S,
+            )
+        elif first and d.assumed and not isinstance(self.policy, ServeUntilKilled):
             logger.warning(
                 "no kill deadline known (set --grace-period or %s); assuming %g s",
                 GRACE_PERIOD_ENV,

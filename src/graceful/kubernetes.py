@@ -386,6 +386,7 @@ class Kubernetes:
         if client_logger.level == logging.NOTSET:
             client_logger.setLevel(logging.WARNING)
         self._coordinator = coordinator
+        coordinator.expect_kill_deadline("the pod's deletionTimestamp")
         coordinator.subscribe(self._on_phase)
         coordinator.start_background(self._run)
 

@@ -57,6 +57,8 @@ ADAPTER_API = (
     "start_background",
     "request_shutdown",
     "set_kill_deadline",
+    "expect_kill_deadline",
+    "notify_endpoint_removed",
     "deadlines",
     "cutting",
     "nudging",
