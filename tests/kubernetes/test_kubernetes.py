@@ -15,9 +15,9 @@ import pytest
 
 from graceful._demo._kube import ApiError, Cluster
 from graceful._demo._kubelet import Kubelet
-from graceful._demo._kuberollout import RBAC_RULES, graceful_run, pod_manifest
+from graceful._demo._kuberollout import RBAC_RULES, graceful_run, pod_manifest, service
 
-from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG
+from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG, apply_rbac
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -147,8 +147,8 @@ def test_accepting_ends_after_the_endpoint_update_plus_idle_and_not_before(
 ) -> None:
     """SIGTERM without a deletion (what ``kubectl exec … kill 1`` does): the endpoint
     stays ready until the readiness probe has failed three times (3 s), and accepting
-    waits for that, then the idle window; without ``--kubernetes`` it ends after the
-    idle window alone."""
+    waits for that, then the idle window (without ``--kubernetes`` the window starts at
+    SIGTERM and would end after 1 s, while kube-proxy still routes here)."""
     pod = start(
         cluster,
         "--kubernetes",
@@ -193,11 +193,7 @@ def test_apiserver_stopped_mid_watch_does_not_hang_the_shutdown() -> None:
     endpoint: a warning after the API timeout, then the idle window; exit long before
     max-wait."""
     with Cluster() as cluster:
-        from graceful._demo._kuberollout import service
-
         service(cluster)
-        from .conftest import apply_rbac
-
         apply_rbac(cluster)
         kubeconfig = cluster.service_account_kubeconfig("web")
         pod = start(
