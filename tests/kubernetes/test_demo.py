@@ -1,0 +1,43 @@
+"""``graceful demo --kubernetes``: the rollout table through the real control plane, and
+one line saying how to build it where it is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "graceful", "demo", "--kubernetes", *args],
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "160", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_demo_kubernetes_shows_stock_losses_and_graceful_none() -> None:
+    result = demo("--sync-period", "5")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in result.stdout.splitlines()
+        if line.startswith("│") and line.split("│")[1].strip()
+    }
+    stock = rows["stock uvicorn"].split("│")
+    assert int(stock[3].split()[0]) > 0, result.stdout  # refused while kube-proxy lagged
+    graceful = rows["graceful run --kubernetes"].split("│")
+    assert graceful[3].strip() == "0", result.stdout
+
+
+def test_demo_kubernetes_without_the_binaries_says_how_to_build_them() -> None:
+    result = demo(env={"KUBE_CACHE_DIR": "/nonexistent"})
+    assert result.returncode == 2
+    (line,) = result.stdout.splitlines()
+    assert "not built" in line
+    assert "bash tools/kube/build.sh" in line
