@@ -219,7 +219,9 @@ def test_the_same_signal_twice_at_once_is_not_an_escalation(
         "graceful.gunicorn.HypercornWorker",
     ],
 )
-def test_sigterm_to_gunicorns_process_group_is_not_an_escalation(worker: str) -> None:
+def test_sigterm_to_gunicorns_process_group_is_not_an_escalation(
+    record: Callable[[str], None], worker: str
+) -> None:
     """``kill -TERM -- -$PGID`` on gunicorn (systemd's KillMode=control-group,
     dumb-init's setsid mode, supervisord's stopasgroup, ``timeout``): each worker gets
     SIGTERM from the kernel and again from the master.  The in-flight request
@@ -248,7 +250,9 @@ def test_sigterm_to_gunicorns_process_group_is_not_an_escalation(worker: str) ->
                 client = RawHTTP(port)
         os.killpg(os.getpgid(server.proc.pid), signal.SIGTERM)
         status = client.response()[0]
-        assert server.wait_exit(20) == 0
+        code = server.wait_exit(20)
+        record(f"in-flight request: {status}; exit {code}")
+        assert code == 0
         assert status == 200, server.output()
         assert "(escalated)" not in server.output()
     finally:
