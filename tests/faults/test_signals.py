@@ -140,7 +140,7 @@ def test_signal_storm(harness: Harness, record: Callable[[str], None]) -> None:
     client = slow_client(server)
     began = time.monotonic()
     for i in range(50):
-        server.signal(signal.SIGTERM if i % 2 == 0 else signal.SIGINT)
+        server.signal(signal.SIGTERM if i % 2 == 0 else signal.SIGINT, at_once=True)
         time.sleep(0.002)  # the scenario: 50 signals spread over ~100 ms
     sent_in = time.monotonic() - began
     code = server.wait_exit(15)
@@ -204,7 +204,7 @@ def test_the_same_signal_twice_at_once_is_not_an_escalation(
     client.request("/slow?s=1", "slow")
     server.wait_for_line(r"started slow ")
     server.signal(signal.SIGTERM)
-    server.signal(signal.SIGTERM)
+    server.signal(signal.SIGTERM, at_once=True)
     code = server.wait_exit(15)
     record(f"{describe(client)}; exit {code}")
     assert client.responses[0].status == 200

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from graceful._coordinator import DUPLICATE_WINDOW_S
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Command-line options per policy, short enough for tests.
@@ -37,6 +39,7 @@ class ServerProcess:
     def __init__(self, args: list[str], *, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.lines: list[str] = []
+        self._sent: dict[int, float] = {}  # signal -> when it was last sent
         self._cond = threading.Condition()
         self.proc = subprocess.Popen(
             args,
@@ -92,8 +95,18 @@ class ServerProcess:
         with self._cond:
             return "\n".join(self.lines)
 
-    def signal(self, sig: int = signal.SIGTERM) -> None:
+    def signal(self, sig: int = signal.SIGTERM, *, at_once: bool = False) -> None:
+        """Send ``sig``.  A repeat of the same signal is sent only once graceful's
+        duplicate window has passed since the previous one (a repeat within it is one
+        event, not an escalation: see ``graceful._coordinator.DUPLICATE_WINDOW_S``), so
+        that a test's deliberate second signal is one; ``at_once`` sends it now."""
+        last = self._sent.get(sig)
+        if last is not None and not at_once:
+            due = last + DUPLICATE_WINDOW_S + 0.05
+            while time.monotonic() < due:
+                time.sleep(due - time.monotonic())
         self.proc.send_signal(sig)
+        self._sent[sig] = time.monotonic()
 
     def wait_exit(self, timeout_s: float = 15.0) -> int:
         try:

@@ -28,6 +28,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from graceful._coordinator import DUPLICATE_WINDOW_S
+
 from .servers import ACCEPTING, DRAINING, STOPPED, RawHTTP, ServerProcess, connection_refused
 
 pytest.importorskip("aiohttp")
@@ -51,6 +53,14 @@ class AiohttpServer(ServerProcess):
     worker_pid = 0
 
     def signal_worker(self, sig: int) -> None:
+        """``sig`` to the worker.  A repeat of what the master relayed is sent a whole
+        duplicate window after now (the worker got the relay at some moment before the
+        caller saw its effect), so that it is a deliberate second signal (see
+        :meth:`ServerProcess.signal`)."""
+        if sig in self._sent:
+            due = time.monotonic() + DUPLICATE_WINDOW_S + 0.05
+            while time.monotonic() < due:
+                time.sleep(due - time.monotonic())
         os.kill(self.worker_pid, sig)
 
 
