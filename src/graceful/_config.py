@@ -55,6 +55,7 @@ __all__ = (
     "MAX_SECONDS",
     "OPTIONS",
     "SERVERS",
+    "SERVER_LOOPS",
     "ConfigError",
     "Option",
     "Values",
@@ -83,6 +84,11 @@ Target = Literal["run", "uvicorn", "policy", "coordinator", "middleware"]
 
 #: The servers ``graceful run --server`` runs.
 SERVERS: Final = ("uvicorn", "hypercorn", "aiohttp")
+#: The ``--loop`` values of the servers other than uvicorn (which takes uvicorn's own).
+SERVER_LOOPS: Final = {
+    "hypercorn": ("auto", "asyncio", "uvloop", "trio"),
+    "aiohttp": ("auto", "asyncio", "uvloop"),
+}
 
 
 class ConfigError(ValueError):
@@ -134,6 +140,41 @@ def choice(*allowed: str) -> Callable[[str], str]:
         if text.lower() not in allowed:
             raise ValueError(f"must be one of {', '.join(allowed)}, got {_shown(text)}")
         return text.lower()
+
+    parse.__name__ = "choice"
+    return parse
+
+
+#: uvicorn's import strings: ``package.module:attribute``.
+_IMPORT_STRING: Final = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def _uvicorn_names(table: str, fallback: tuple[str, ...]) -> tuple[str, ...]:
+    """The names in ``uvicorn.config.<table>`` of the installed uvicorn (``fallback``
+    without uvicorn): a choice a new uvicorn adds is taken as it is."""
+    try:
+        from uvicorn import config
+    except ImportError:
+        return fallback
+    names = getattr(config, table, None)
+    return tuple(names) if isinstance(names, dict) and names else fallback
+
+
+def uvicorn_choice(table: str, fallback: tuple[str, ...], *extra: str) -> Callable[[str], str]:
+    """A parser for one of uvicorn's names in ``uvicorn.config.<table>``
+    (``HTTP_PROTOCOLS``, ``LOOP_FACTORIES``), one of ``extra``, or an import string
+    ``module:attribute`` — what uvicorn's own ``--http`` and ``--loop`` take."""
+
+    def parse(text: str) -> str:
+        names = (*_uvicorn_names(table, fallback), *extra)
+        if text.lower() in names:
+            return text.lower()
+        if _IMPORT_STRING.fullmatch(text):
+            return text
+        raise ValueError(
+            f"must be one of {', '.join(names)} or an import string module:attribute, "
+            f"got {_shown(text)}"
+        )
 
     parse.__name__ = "choice"
     return parse
@@ -358,14 +399,17 @@ OPTIONS: Final[tuple[Option, ...]] = (
         gunicorn="--keep-alive",
     ),
     Option(
-        "http", choice("auto", "h11", "httptools"), "auto", to=("uvicorn", "http"),
-        metavar="{auto,h11,httptools}", help="HTTP parser",
+        "http", uvicorn_choice("HTTP_PROTOCOLS", ("auto", "h11", "httptools")), "auto",
+        to=("uvicorn", "http"), metavar="{auto,h11,httptools,...}",
+        help="HTTP protocol: any of uvicorn's (zttp for --http2) or module:class",
         gunicorn="-k graceful.gunicorn.UvicornH11Worker for h11", servers=("uvicorn",),
     ),
     Option(
-        "loop", choice("auto", "asyncio", "uvloop", "trio"), "auto", to=("uvicorn", "loop"),
-        metavar="{auto,asyncio,uvloop,trio}",
-        help="event loop (auto: uvloop if installed; trio: hypercorn only)",
+        "loop", uvicorn_choice("LOOP_FACTORIES", ("auto", "asyncio", "uvloop"), "trio"),
+        "auto", to=("uvicorn", "loop"), metavar="{auto,asyncio,uvloop,trio,...}",
+        help="event loop: any of uvicorn's or module:factory with uvicorn (auto: uvloop if "
+        "installed); auto, asyncio, uvloop or trio with hypercorn; auto, asyncio or uvloop "
+        "with aiohttp",
         gunicorn="-k graceful.gunicorn.UvicornH11Worker for asyncio",
     ),
     Option(
@@ -660,10 +704,16 @@ def check(values: Values) -> None:
                 f"{label(opt.name)} is not taken by {label('server')} {server} "
                 f"(only by {', '.join(opt.servers)})"
             )
-    if values["loop"] == "trio" and server != "hypercorn":
+    loop = values["loop"]
+    if loop == "trio" and server != "hypercorn":
         raise ConfigError(
             f"{label('loop')} trio needs --server hypercorn ({label('server')} {server} "
             "runs on asyncio or uvloop)"
+        )
+    if server != "uvicorn" and loop not in SERVER_LOOPS[server]:
+        raise ConfigError(
+            f"{label('loop')} {loop} is not taken by {label('server')} {server} "
+            f"(it takes {', '.join(SERVER_LOOPS[server])})"
         )
     paths: dict[str, str] = {}
     for opt in OPTIONS:

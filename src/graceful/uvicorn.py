@@ -340,6 +340,13 @@ class Server(uvicorn.Server):
             self._transports.discard(transport)
             self.coordinator.connection_closed()
 
+    def _reap_transports(self) -> None:
+        """Count the connections whose transport is closed but no protocol of ours saw
+        it go: a protocol that hands its transport to another one (uvicorn's
+        ``--http2`` dispatcher gives it to zttp's HTTP/1.1 or HTTP/2 protocol)."""
+        for transport in [t for t in self._transports if _closed(t)]:
+            self._transport_closed(transport)
+
     def _is_http(self, connection: Any) -> bool:
         return self._http_class is None or isinstance(connection, self._http_class)
 
@@ -449,6 +456,7 @@ class Server(uvicorn.Server):
         counter = 0
         while not await self.coordinator.wait_for_phase(phase, timeout_s=0.1):
             counter = (counter + 1) % 864000
+            self._reap_transports()
             await self.on_tick(counter)
 
     async def main_loop(self) -> None:
@@ -467,6 +475,8 @@ class Server(uvicorn.Server):
             finally:
                 timer.cancel()
                 self._wake = None
+            if counter % 10 == 0:
+                self._reap_transports()
             should_exit = await self.on_tick(counter)
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
@@ -671,6 +681,14 @@ def _finisher(
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _closed(transport: asyncio.BaseTransport) -> bool:
+    """Whether ``transport``'s socket is closed (asyncio and uvloop alike)."""
+    if not transport.is_closing():
+        return False
+    sock = transport.get_extra_info("socket")
+    return sock is None or sock.fileno() == -1
 
 
 async def _never() -> None:

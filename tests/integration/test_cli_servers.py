@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -417,3 +418,35 @@ def test_uvicorn_variables_are_read() -> None:
     assert_usage_error(graceful_run("examples.asgi_app:app", env=env), "UVICORN_PORT")
     env = clean_environment(UVICORN_PORT="99999", GRACEFUL_PORT="100000")
     assert_usage_error(graceful_run("examples.asgi_app:app", env=env), "GRACEFUL_PORT")
+
+
+def test_uvicorn_http2_with_zttp_drains_and_counts_connections(
+    started: list[ServerProcess], app_dir: Path
+) -> None:
+    """``--http zttp --http2`` (uvicorn's own choices pass through): uvicorn's dispatcher
+    hands each connection to zttp's HTTP/1.1 or HTTP/2 protocol, which graceful does not
+    see close; the connections are still counted out, so the drain ends once they are
+    gone rather than at the deadline, and an HTTP/2 request in flight completes."""
+    import httpx
+
+    pytest.importorskip("uvicorn.protocols.http.zttp_impl", reason="uvicorn before zttp")
+    server = start(
+        started, "echoapp:app", "--app-dir", str(app_dir), "--port", "0", "--http", "zttp",
+        "--http2", "--policy", "refuse-immediately", "--grace-period", "20",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{server.port}"
+    with httpx.Client(http1=False, http2=True, timeout=10) as h2:
+        assert h2.get(f"{url}/").http_version == "HTTP/2"
+    with httpx.Client(timeout=10) as h1:
+        assert h1.get(f"{url}/").http_version == "HTTP/1.1"
+    result: dict[str, httpx.Response] = {}
+    with httpx.Client(http1=False, http2=True, timeout=10) as h2:
+        thread = threading.Thread(target=lambda: result.setdefault("r", h2.get(f"{url}/slow")))
+        thread.start()
+        server.wait_for_line(r"slow request started")
+        server.signal(signal.SIGTERM)
+        thread.join(10)
+    assert (result["r"].status_code, result["r"].http_version) == (200, "HTTP/2")
+    assert server.wait_exit() == 0
+    output = server.output()
+    assert re.search(r"draining -> stopping: drained \(0 connections", output), output

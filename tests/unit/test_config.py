@@ -377,8 +377,28 @@ def test_hypercorn_config_maps_the_options_that_apply() -> None:
          "--limit-concurrency is not taken by --server hypercorn"),
         (["--server", "aiohttp", "--http", "h11"], "--http is not taken by --server aiohttp"),
         (["--loop", "trio"], "--loop trio needs --server hypercorn"),
+        (["--server", "aiohttp", "--loop", "zuvloop"],
+         "--loop zuvloop is not taken by --server aiohttp (it takes auto, asyncio, uvloop)"),
+        (["--server", "hypercorn", "--loop", "m:factory"],
+         "--loop m:factory is not taken by --server hypercorn"),
+        (["--http", "nope"], "--http: must be one of auto, h11, httptools"),
+        (["--loop", "a b:c"], "--loop: must be one of "),
     ],
 )  # fmt: skip
 def test_options_a_server_does_not_take_are_refused(args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
         _run.parse(["m:app", *args], {})
+
+
+def test_every_uvicorn_choice_passes_through() -> None:
+    """``--http`` and ``--loop`` take what the installed uvicorn takes: its names
+    (read from uvicorn, so a name a new uvicorn adds works) and import strings."""
+    from uvicorn import config
+
+    for name in config.HTTP_PROTOCOLS:
+        assert _run.parse(["m:app", "--http", name], {}).values["http"] == name
+    for name in config.LOOP_FACTORIES:
+        assert _run.parse(["m:app", "--loop", name], {}).values["loop"] == name
+    inv = _run.parse(["m:app", "--loop", "mypkg.loops:factory", "--http", "p.q:Proto"], {})
+    assert (inv.values["loop"], inv.values["http"]) == ("mypkg.loops:factory", "p.q:Proto")
+    assert _run.uvicorn_config(inv).loop == "mypkg.loops:factory"
