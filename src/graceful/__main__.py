@@ -2,19 +2,93 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-USAGE = """usage: graceful {run,demo} ...
+if TYPE_CHECKING:
+    import click
+
+USAGE = """usage: graceful {run,demo} ... | --version
 
   run MODULE:APP   serve an ASGI app with graceful shutdown (graceful run --help)
   demo             a simulated rolling restart, stock vs graceful (graceful demo --help)
+
+shell completion (click's): eval "$(_GRACEFUL_COMPLETE=bash_source graceful)"
+  (zsh_source, fish_source for zsh and fish)
 """
+
+#: The variable of click's shell completion for the ``graceful`` script.
+COMPLETE_VAR = "_GRACEFUL_COMPLETE"
+#: The packages ``--version`` reports beside graceful, when installed.
+SERVER_DISTRIBUTIONS = ("uvicorn", "hypercorn", "aiohttp", "gunicorn")
+
+
+def version_text() -> str:
+    """``graceful --version``, in uvicorn's style: ours, the servers', Python's."""
+    import platform
+    from importlib import metadata
+
+    from . import __version__
+
+    parts = []
+    for name in SERVER_DISTRIBUTIONS:
+        try:
+            parts.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    parts.append(f"{platform.python_implementation()} {platform.python_version()}")
+    return f"Running graceful-drain {__version__} with {', '.join(parts)} on {platform.system()}"
+
+
+def _completion() -> int:
+    """Answer the shell's completion request (click's protocol, ``_GRACEFUL_COMPLETE``):
+    the subcommands, then ``graceful run``'s options (ours and uvicorn's) and choices,
+    ``graceful demo``'s options."""
+    import click
+
+    from ._run import build_command
+
+    @click.group(name="graceful")
+    @click.version_option(message=version_text())
+    def group() -> None:
+        pass  # pragma: no cover - completion only
+
+    group.add_command(build_command(), "run")
+    group.add_command(_demo_command(), "demo")
+    try:
+        group.main(prog_name="graceful", complete_var=COMPLETE_VAR)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0  # pragma: no cover - click's main exits
+
+
+def _demo_command() -> click.Command:
+    """``graceful demo``'s argparse options as a click command, for completion."""
+    import click
+
+    try:
+        from ._demo import build_parser
+    except ImportError:  # without the demo extra: no options to complete
+        return click.Command("demo", help="a simulated rolling restart")
+    params: list[click.Parameter] = []
+    for action in build_parser()._actions:
+        flags = [f for f in action.option_strings if f.startswith("--")]
+        if not flags or flags == ["--help"]:
+            continue
+        params.append(click.Option(flags, is_flag=action.nargs == 0, help=action.help))
+    return click.Command("demo", params=params, help="a simulated rolling restart")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch to a subcommand; each owns its own argument parser."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and COMPLETE_VAR in os.environ:
+        return _completion()
+    if args[:1] == ["--version"]:
+        print(version_text())
+        return 0
     if not args or args[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if args else 2

@@ -142,6 +142,7 @@ def choice(*allowed: str) -> Callable[[str], str]:
         return text.lower()
 
     parse.__name__ = "choice"
+    parse.choices = lambda: allowed  # type: ignore[attr-defined]  # for shell completion
     return parse
 
 
@@ -177,6 +178,7 @@ def uvicorn_choice(table: str, fallback: tuple[str, ...], *extra: str) -> Callab
         )
 
     parse.__name__ = "choice"
+    parse.choices = lambda: (*_uvicorn_names(table, fallback), *extra)  # type: ignore[attr-defined]
     return parse
 
 
@@ -201,6 +203,9 @@ def policy_name(text: str) -> str:
         allowed = ", ".join(sorted(POLICIES))
         raise ValueError(f"unknown policy {_shown(text)}; expected one of {allowed}")
     return key
+
+
+policy_name.choices = lambda: tuple(sorted(POLICIES))  # type: ignore[attr-defined]
 
 
 def endpoint_path(text: str) -> str | None:
@@ -284,6 +289,12 @@ class Option:
     def keyword(self) -> str:
         """The keyword argument of the target (see ``to``)."""
         return self.to[1]
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The values a shell may complete (none for free-form options)."""
+        choices = getattr(self.parse, "choices", None)
+        return tuple(choices()) if choices is not None else ()
 
     @property
     def flag(self) -> str:

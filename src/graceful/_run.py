@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import click
 from click.core import ParameterSource
+from click.shell_completion import CompletionItem
 
 from . import _config
 from ._config import OPTIONS, ConfigError, Values
@@ -264,13 +265,43 @@ def _our_params() -> list[click.Parameter]:
                 metavar=opt.metavar,
                 help=text,
                 allow_from_autoenv=False,  # GRACEFUL_* is read by _config
+                shell_complete=_completer(opt.choices),
             )
         )
+    params.append(
+        click.Option(
+            ["--version"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_print_version,
+            help="show graceful's, the servers' and Python's versions and exit",
+        )
+    )
     # A worker of a --workers parent: the listening socket, the pipe that says it
     # serves, the parent it must not outlive.
     for hidden in _HIDDEN:
         params.append(click.Option([hidden], type=int, hidden=True, allow_from_autoenv=False))
     return params
+
+
+def _completer(
+    choices: tuple[str, ...],
+) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
+    def complete(
+        ctx: click.Context, param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        return [CompletionItem(c) for c in choices if c.startswith(incomplete)]
+
+    return complete
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        from .__main__ import version_text
+
+        click.echo(version_text())
+        ctx.exit()
 
 
 def _write_options(

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from graceful._config import OPTIONS, Option
+from graceful._policy import POLICIES
 
 from .servers import ACCEPTING, ROOT, RawHTTP, ServerProcess
 
@@ -147,6 +148,54 @@ def test_help_shows_real_defaults() -> None:
     assert "[default: 2 with accept-until-idle; env GRACEFUL_IDLE]" in text
     assert "SIGHUP with --workers: reload" in text
     assert "3 the app failed to start" in text
+
+
+def graceful(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "graceful", *args],
+        cwd=ROOT,
+        env=clean_environment(**env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("args", [["--version"], ["run", "--version"]])
+def test_version_names_graceful_the_servers_and_python(args: list[str]) -> None:
+    from importlib import metadata
+
+    import graceful as package
+
+    result = graceful(*args)
+    assert result.returncode == 0, result
+    line = result.stdout.strip()
+    assert line.startswith(f"Running graceful-drain {package.__version__} with "), line
+    assert f"uvicorn {metadata.version('uvicorn')}" in line
+    assert f"hypercorn {metadata.version('hypercorn')}" in line
+    assert f"CPython {sys.version.split()[0]} on " in line or "PyPy" in line
+
+
+def complete(words: str) -> list[str]:
+    """What click's bash completion offers for ``words`` (the last one being typed)."""
+    result = graceful(
+        COMP_WORDS=words, COMP_CWORD=str(len(words.split(" ")) - 1),
+        _GRACEFUL_COMPLETE="bash_complete",
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    return [line.split(",", 1)[1] for line in result.stdout.splitlines()]
+
+
+def test_shell_completion_offers_commands_options_and_choices() -> None:
+    assert sorted(complete("graceful ")) == ["demo", "run"]
+    assert complete("graceful run --pol") == ["--policy"]
+    assert "--reload" in complete("graceful run --rel")  # uvicorn's own options too
+    assert complete("graceful run --policy ") == sorted(POLICIES)
+    assert complete("graceful run --server h") == ["hypercorn"]
+    assert "trio" in complete("graceful run --loop ")
+    assert complete("graceful demo --sync") == ["--sync-period"]
+    script = graceful(_GRACEFUL_COMPLETE="bash_source")
+    assert "_graceful_completion" in script.stdout
 
 
 # ------------------------------------------------------------------- start-up
