@@ -94,7 +94,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command == "run":
-        from ._run import main as run_main
+        try:
+            from ._run import main as run_main
+        except ImportError as exc:  # a base install: no server, so no click either
+            print(
+                f"graceful run: error: no server is installed ({exc}): pip install "
+                "'graceful-drain[uvicorn]' (or [hypercorn], [aiohttp])",
+                file=sys.stderr,
+            )
+            return 2
 
         return run_main(rest)
     if command == "demo":

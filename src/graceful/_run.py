@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import importlib
 import importlib.util
 import inspect
 import logging
@@ -502,9 +503,44 @@ def _load_env_file(path: str, label: str) -> None:
     load_dotenv(path)
 
 
+#: What each server and loop needs installed: (module, what to install).
+NEEDS: Final = {
+    "uvicorn": ("uvicorn", "pip install 'graceful-drain[uvicorn]'"),
+    "hypercorn": ("hypercorn", "pip install 'graceful-drain[hypercorn]'"),
+    "aiohttp": ("aiohttp", "pip install 'graceful-drain[aiohttp]'"),
+    "trio": ("trio", "pip install 'graceful-drain[hypercorn,trio]'"),
+    "uvloop": ("uvloop", "pip install uvloop"),
+}
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported (it is, when it can)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _check_installed(inv: Invocation) -> None:
+    """One line naming the extra to install, instead of a traceback once serving starts."""
+    server = inv.server
+    module, how = NEEDS[server]
+    if not installed(module):
+        label = inv.values.label("server") if inv.values.given("server") else "the default --server"
+        raise ConfigError(f"{label} {server} needs {module}, which is not installed: {how}")
+    loop = inv.values["loop"]
+    if loop in ("trio", "uvloop") and not installed(NEEDS[loop][0]):
+        raise ConfigError(
+            f"{inv.values.label('loop')} {loop} needs {loop}, which is not installed: "
+            f"{NEEDS[loop][1]}"
+        )
+
+
 def _check(inv: Invocation) -> None:
     """The checks between uvicorn's options, ours and the server."""
     server = inv.server
+    _check_installed(inv)
     if server != "uvicorn":
         for name, label in inv.given.items():
             if name not in SERVER_OPTIONS[server]:

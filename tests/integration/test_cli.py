@@ -198,6 +198,42 @@ def test_shell_completion_offers_commands_options_and_choices() -> None:
     assert "_graceful_completion" in script.stdout
 
 
+#: ``python -c`` that makes the packages named in argv[1] not installed (a failed
+#: import, as without them), then runs ``graceful`` with the rest of argv.
+WITHOUT = """\
+import sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None
+from graceful.__main__ import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("missing", "args", "names"),
+    [
+        ("click,uvicorn,hypercorn,aiohttp", [], ["no server is installed", "[uvicorn]"]),
+        ("uvicorn", [], ["the default --server uvicorn needs uvicorn", "graceful-drain[uvicorn]"]),
+        ("hypercorn", ["--server", "hypercorn"],
+         ["--server hypercorn", "graceful-drain[hypercorn]"]),
+        ("aiohttp", ["--server", "aiohttp"], ["--server aiohttp", "graceful-drain[aiohttp]"]),
+        ("trio", ["--server", "hypercorn", "--loop", "trio"],
+         ["--loop trio needs trio", "graceful-drain[hypercorn,trio]"]),
+        ("uvloop", ["--loop", "uvloop"], ["--loop uvloop needs uvloop", "pip install uvloop"]),
+    ],
+    ids=["base-install", "no-uvicorn", "no-hypercorn", "no-aiohttp", "no-trio", "no-uvloop"],
+)  # fmt: skip
+def test_missing_extra_is_one_line_naming_it(
+    missing: str, args: list[str], names: list[str]
+) -> None:
+    """Not a ModuleNotFoundError traceback, nor an app failure (3): exit 2, one line."""
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT, missing, "run", "examples.asgi_app:app", *args],
+        cwd=ROOT, env=clean_environment(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert_usage_error(result, *names)
+
+
 # ------------------------------------------------------------------- start-up
 
 
