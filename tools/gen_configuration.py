@@ -228,6 +228,13 @@ def render() -> str:
         *_error_examples(config),
         "```",
         "",
+        "A `GRACEFUL_*` variable that is no option is ignored with one warning at start-up",
+        "that names the closest option:",
+        "",
+        "```text",
+        *(f"WARNING graceful: {w}" for w in config.unknown_variables({"GRACEFUL_IDEL": "3"})),
+        "```",
+        "",
     ]
     targets: dict[str, list[Any]] = {}
     for opt in options:

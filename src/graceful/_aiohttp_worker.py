@@ -87,7 +87,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
         """Check the ``GRACEFUL_*`` variables in the master, before any worker boots
         (a bad value stops gunicorn with one line instead of a crash loop)."""
         try:
-            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning)
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
         except _config.ConfigError as exc:
             raise RuntimeError(f"graceful: {exc}") from None
 

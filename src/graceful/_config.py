@@ -68,9 +68,11 @@ __all__ = (
     "gunicorn_values",
     "help_default",
     "middleware_kwargs",
+    "metrics_workers_warning",
     "option",
     "policy_kwargs",
     "resolve",
+    "unknown_variables",
     "uvicorn_kwargs",
 )
 
@@ -512,6 +514,47 @@ class Values(Mapping[str, Any]):
         return name in self._labels
 
 
+#: ``GRACEFUL_*`` variables that are not options: graceful's own (the demo's process
+#: names, click's shell completion) and the test suite's.
+OTHER_VARIABLES: Final = frozenset({
+    "GRACEFUL_DEMO_NAME", "_GRACEFUL_COMPLETE", "GRACEFUL_REQUIRE_KUBERNETES",
+    "GRACEFUL_ROLLOUT_RESULTS",
+})  # fmt: skip
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``GRACEFUL_*`` variable that is no option, naming the closest
+    option's variable when there is one (``GRACEFUL_IDEL``: ``GRACEFUL_IDLE``)."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    known = {o.env for o in OPTIONS}
+    suffixes = [o.name.upper() for o in OPTIONS]  # compared without the common prefix
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in known or name in OTHER_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name[len(ENV_PREFIX) :], suffixes, n=1, cutoff=0.6)
+        hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else " (see graceful run --help)"
+        warnings.append(f"{name} is not a graceful option and is ignored{hint}")
+    return warnings
+
+
+def metrics_workers_warning(
+    values: Values, workers: int, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The warning for a metrics endpoint served by several processes without
+    ``prometheus_client``'s multiprocess mode: each scrape reaches one of them."""
+    environ = os.environ if environ is None else environ
+    if values["metrics_path"] is None or workers < 2 or environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return None
+    return (
+        f"{values.label('metrics_path')} with {workers} workers and no PROMETHEUS_MULTIPROC_DIR: "
+        "each scrape answers with one worker's numbers; set PROMETHEUS_MULTIPROC_DIR to an "
+        "empty directory for all of them (see the metrics docs)"
+    )
+
+
 def resolve(
     given: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -776,11 +819,14 @@ def gunicorn_values(
     graceful_timeout: float,
     environ: Mapping[str, str] | None = None,
     warn: Callable[[str], object] | None = None,
+    workers: int | None = None,
 ) -> Values:
     """The options of a gunicorn worker (uvicorn, hypercorn, aiohttp): ``GRACEFUL_*``,
     with gunicorn's ``graceful_timeout`` as the grace period; a timeout not above the
     default kill margin shrinks the margin to a quarter of it, with a warning; the
-    variables of settings gunicorn owns are ignored, with a warning.
+    variables of settings gunicorn owns are ignored, with a warning, as are unknown
+    ``GRACEFUL_*`` variables; with ``workers`` (gunicorn's ``--workers``) a metrics
+    endpoint without multiprocess mode is warned of.
 
     Raises:
         ConfigError: one line naming the variable or ``--graceful-timeout``.
@@ -806,4 +852,11 @@ def gunicorn_values(
         for opt in OPTIONS:
             if opt.name in _GUNICORN_OWNS and opt.env in environ:
                 warn(f"graceful: {opt.env} is ignored under gunicorn (use {opt.gunicorn})")
-    return resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)
+        for text in unknown_variables(environ):
+            warn(f"graceful: {text}")
+    values = resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)
+    if warn is not None and workers is not None:
+        metrics = metrics_workers_warning(values, workers, environ)
+        if metrics is not None:
+            warn(f"graceful: {metrics}")
+    return values

@@ -102,7 +102,7 @@ class HypercornWorker(Worker):  # type: ignore[misc]
         with ``Error: graceful: …`` and status 1 instead of workers that fail to boot.
         """
         try:
-            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning)
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
         except _config.ConfigError as exc:
             raise RuntimeError(f"graceful: {exc}") from None
 

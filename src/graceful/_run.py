@@ -578,6 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         inv = parse(argv)
         _configure_logging(inv.values)
+        if inv.worker_fd is None:  # once, not in every --workers worker
+            _warn_about_settings(inv)
         sys.path.insert(0, inv.option("app_dir") or os.getcwd())
         if inv.worker_fd is not None:
             return _serve_one(inv)
@@ -601,6 +603,16 @@ def _configure_logging(values: Values) -> None:
         level=logging.DEBUG if values["log_level"] in ("debug", "trace") else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def _warn_about_settings(inv: Invocation) -> None:
+    """Settings that work but not as meant: a misspelt ``GRACEFUL_*`` variable, metrics
+    from one random worker per scrape."""
+    for text in _config.unknown_variables():
+        logger.warning(text)
+    metrics = _config.metrics_workers_warning(inv.values, inv.values["workers"])
+    if metrics is not None:
+        logger.warning(metrics)
 
 
 def _remove_uds(inv: Invocation) -> None:

@@ -169,7 +169,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
         with ``Error: graceful: …`` and status 1.
         """
         try:
-            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning)
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
         except ConfigError as exc:
             raise RuntimeError(f"graceful: {exc}") from None
 

@@ -402,3 +402,14 @@ def test_every_uvicorn_choice_passes_through() -> None:
     inv = _run.parse(["m:app", "--loop", "mypkg.loops:factory", "--http", "p.q:Proto"], {})
     assert (inv.values["loop"], inv.values["http"]) == ("mypkg.loops:factory", "p.q:Proto")
     assert _run.uvicorn_config(inv).loop == "mypkg.loops:factory"
+
+
+def test_unknown_variables_name_the_closest_option() -> None:
+    environ = {
+        "GRACEFUL_IDEL": "3", "GRACEFUL_XYZZY": "1", "GRACEFUL_IDLE": "2",
+        "GRACEFUL_DEMO_NAME": "x", "OTHER_IDEL": "3",
+    }  # fmt: skip
+    assert _config.unknown_variables(environ) == [
+        "GRACEFUL_IDEL is not a graceful option and is ignored (did you mean GRACEFUL_IDLE?)",
+        "GRACEFUL_XYZZY is not a graceful option and is ignored (see graceful run --help)",
+    ]
