@@ -46,7 +46,7 @@ from gunicorn.workers.base import Worker
 from . import _config
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
-from ._signals import catch_signals, defer_signals, signal_name
+from ._signals import catch_signals, defer_signals
 from .aiohttp import AppRunner
 
 __all__ = ("AiohttpWorker",)
@@ -169,7 +169,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
                 with contextlib.suppress(Exception):
                     if signum in _QUICK:
                         self.cfg.worker_int(self)
-                coordinator.request_shutdown(signal_name(signum), immediate=signum in _QUICK)
+                coordinator.signal_received(signum, quick=_QUICK)
 
             with catch_signals(_HANDLED, on_signal):
                 run = asyncio.ensure_future(coordinator.run(shutdown_trigger=_never))

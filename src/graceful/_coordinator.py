@@ -44,10 +44,11 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Final
 
@@ -68,7 +69,13 @@ from ._policy import (
     _check_optional_seconds,
     _check_seconds,
 )
-from ._signals import QUICK_SIGNALS, SHUTDOWN_SIGNALS, catch_signals, signal_name
+from ._signals import (
+    QUICK_SIGNALS,
+    SHUTDOWN_SIGNALS,
+    catch_signals,
+    in_terminal_foreground,
+    signal_name,
+)
 from ._tracking import Session, Tracking
 
 __all__ = ("GRACE_PERIOD_ENV", "Session", "ShutdownCoordinator", "ShutdownStatistics")
@@ -227,6 +234,7 @@ class ShutdownCoordinator(Tracking):
         self._requested_at: float | None = None
         self._first_reason: str | None = None
         self._kill_expected: str | None = None
+        self._warned_deadline = False
         self._kill_at: float | None = None
         self._kill_source: str | None = None
         self._deadlines: Deadlines | None = None
@@ -483,6 +491,22 @@ class ShutdownCoordinator(Tracking):
             logger.info("shutdown already %s; ignoring %s", self._phase, reason)
         self._enqueue(outcome.transitions)
 
+    def signal_received(self, signum: int, *, quick: Collection[int] = QUICK_SIGNALS) -> None:
+        """Request shutdown for a signal an adapter caught (from the event-loop thread or
+        any other, as :meth:`request_shutdown`).
+
+        ``quick`` signals stop at once.  A SIGINT while this process is in the
+        foreground of its terminal is somebody's Ctrl-C: no load balancer routes to a
+        terminal, so it drains at once (as stock servers do) instead of following the
+        policy; a second Ctrl-C still cuts what is left.
+        """
+        interactive = signum == signal.SIGINT and in_terminal_foreground()
+        self.request_shutdown(
+            signal_name(signum) + (" (terminal)" if interactive else ""),
+            immediate=signum in quick,
+            drain_now=interactive,
+        )
+
     def set_kill_deadline(self, wall_clock_s: float, *, source: str) -> None:
         """Set the kill deadline to an absolute wall-clock time (``time.time()`` seconds).
 
@@ -574,6 +598,7 @@ class ShutdownCoordinator(Tracking):
         if self._running:
             raise RuntimeError("ShutdownCoordinator.run() is already running")
         self._running = True
+        self._warn_without_deadline()
         if self._phase_since is None:
             self._phase_since = self._now()
         from ._signals import current_schedule
@@ -604,8 +629,31 @@ class ShutdownCoordinator(Tracking):
             self._running = False
             self._loop_thread = None
 
+    def _warn_without_deadline(self) -> None:
+        """At start-up, once: no grace period configured and none coming from a watcher
+        means planning with Kubernetes' default, which may be wrong for this platform.
+        Not in a terminal's foreground (the dev loop): a Ctrl-C there drains at once."""
+        if self._warned_deadline or self._kill_at is not None or self._kill_expected:
+            return
+        if self.grace_period_s is not None or in_terminal_foreground():
+            return
+        self._warned_deadline = True
+        what = (
+            "serve-until-killed serves until then"
+            if isinstance(self.policy, ServeUntilKilled)
+            else "the drain is planned for it"
+        )
+        logger.warning(
+            "no kill deadline known (set --grace-period or %s): assuming Kubernetes' "
+            "default of %g s at shutdown, and %s (docker stop and Cloud Run give 10 s, "
+            "ECS 30 s, systemd 90 s)",
+            GRACE_PERIOD_ENV,
+            _deadlines.DEFAULT_GRACE_PERIOD_S,
+            what,
+        )
+
     def _on_signal(self, signum: int) -> None:
-        self.request_shutdown(signal_name(signum), immediate=signum in QUICK_SIGNALS)
+        self.signal_received(signum)
 
     async def _await_trigger(self, trigger: Callable[[], Awaitable[object]]) -> None:
         await trigger()
@@ -731,19 +779,6 @@ class ShutdownCoordinator(Tracking):
             logger.info(
                 "kill deadline: waiting for %s; %g s assumed until then",
                 self._kill_expected,
-                _deadlines.DEFAULT_GRACE_PERIOD_S,
-            )
-        elif first and d.assumed and not isinstance(self.policy, ServeUntilKilled):
-            logger.warning(
-                "no kill deadline known (set --grace-period or %s); assuming %g s",
-                GRACE_PERIOD_ENV,
-                _deadlines.DEFAULT_GRACE_PERIOD_S,
-            )
-        elif first and d.assumed:
-            logger.warning(
-                "no kill deadline known (set --grace-period or %s); serve-until-killed "
-                "assumes Kubernetes' default of %g s",
-                GRACE_PERIOD_ENV,
                 _deadlines.DEFAULT_GRACE_PERIOD_S,
             )
         if not first:

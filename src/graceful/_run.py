@@ -90,7 +90,7 @@ from . import _config
 from ._config import OPTIONS, ConfigError, Values
 from ._coordinator import ShutdownCoordinator
 from ._deadlines import DEFAULT_GRACE_PERIOD_S
-from ._signals import defer_signals, signal_name
+from ._signals import defer_signals, judge_terminal_by, signal_name
 
 if TYPE_CHECKING:
     import hypercorn.config
@@ -572,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--parent-pid" in argv:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)  # see _spawn
         parent = argv[argv.index("--parent-pid") + 1]
+        judge_terminal_by(int(parent))  # a Ctrl-C at the parent's terminal drains at once
         if not _die_with_parent(int(parent)):
             print(f"graceful: parent {parent} is gone; not starting", file=sys.stderr)
             return EXIT_FAILED
@@ -722,9 +723,18 @@ def _serve_reload(inv: Invocation, config: uvicorn.Config) -> int:
 
 
 def _serve_reloaded(values: Values, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
-    """The target of the reloader's process (pickled: module level)."""
+    """The target of the reloader's process (pickled: module level).
+
+    Whatever the policy, a restart drains at once (refuse-immediately): the reloader
+    keeps the socket listening, so a connection made meanwhile waits in the backlog for
+    the next server instead of being refused — there is no balancer to wait for.
+    """
+    from ._policy import RefuseImmediately
+
     _configure_logging(values)
-    server = _config.build_server(values, config, exit_on_third_request=True, hard_exit=True)
+    server = _config.build_server(
+        values, config, policy=RefuseImmediately(), exit_on_third_request=True, hard_exit=True
+    )
     server.run(sockets=sockets)
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -51,6 +52,8 @@ from typing import Any, Final
 __all__ = (
     "QUICK_SIGNALS",
     "SHUTDOWN_SIGNALS",
+    "in_terminal_foreground",
+    "judge_terminal_by",
     "catch_signals",
     "current_schedule",
     "defer_signals",
@@ -80,6 +83,48 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return str(signum)
+
+
+#: The process whose terminal decides :func:`in_terminal_foreground`: this one, or a
+#: ``graceful run --workers`` worker's parent (the workers have no terminal of their own).
+_terminal_pid: int | None = None
+
+
+def judge_terminal_by(pid: int | None) -> None:
+    """Let :func:`in_terminal_foreground` ask about process ``pid`` (``None``: this one)."""
+    global _terminal_pid
+    _terminal_pid = pid
+
+
+def in_terminal_foreground() -> bool:
+    """Whether this process (or the one set by :func:`judge_terminal_by`) is in the
+    foreground process group of its controlling terminal: a SIGINT then is somebody's
+    Ctrl-C, not an orchestrator's stop.
+
+    Asked only when a signal arrives.  ``False`` without a controlling terminal
+    (containers, services, CI) and where there is no way to ask.
+    """
+    pid = _terminal_pid
+    try:  # Linux: pgrp, tty_nr and tpgid, after the command name in parentheses
+        with open(f"/proc/{pid or 'self'}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        pgrp, tty, foreground = int(fields[2]), int(fields[4]), int(fields[5])
+    except (OSError, IndexError, ValueError):
+        pass
+    else:
+        return tty != 0 and foreground == pgrp
+    if pid is not None or not hasattr(os, "tcgetpgrp"):
+        return False
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _in_main_thread() -> bool:

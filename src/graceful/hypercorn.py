@@ -150,7 +150,7 @@ from typing_extensions import final
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
-from ._signals import QUICK_SIGNALS, catch_signals, defer_signals, signal_name, take_deferred
+from ._signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred
 from .asgi import GracefulMiddleware
 
 if TYPE_CHECKING:
@@ -398,7 +398,7 @@ class _Worker:
                 signal.raise_signal(signum)
 
     def _on_signal(self, signum: int) -> None:
-        self._c.request_shutdown(signal_name(signum), immediate=signum in self._quick_signals)
+        self._c.signal_received(signum, quick=self._quick_signals)
 
     async def _watch_max_requests(self) -> None:
         await self._context.terminate.wait()

@@ -313,8 +313,7 @@ class Server(uvicorn.Server):
         loop.call_soon_threadsafe(self._request_shutdown, sig)
 
     def _request_shutdown(self, sig: int) -> None:
-        name = signal.Signals(sig).name
-        self.coordinator.request_shutdown(name, immediate=sig in self._quick_signals)
+        self.coordinator.signal_received(sig, quick=self._quick_signals)
 
     # -------------------------------------------------------------- the phases
 

@@ -150,9 +150,10 @@ def drains_in_flight(server: ServerProcess, sock: socket.socket, *, stopped: int
 def test_reload_restarts_on_change_then_sigterm_drains(
     started: list[ServerProcess], app_dir: Path
 ) -> None:
+    # The default policy (accept-until-idle, idle 2 s): a restart drains at once anyway.
     server = start(
         started, "echoapp:app", "--port", "0", "--reload", "--reload-dir", str(app_dir),
-        "--app-dir", str(app_dir), *FAST,
+        "--app-dir", str(app_dir), "--grace-period", "10",
     )  # fmt: skip
     server.wait_for_line(r"Application startup complete")
     assert get(connect(server.port))["version"] == "1"
@@ -164,7 +165,8 @@ def test_reload_restarts_on_change_then_sigterm_drains(
         (app_dir / "echoapp.py").write_text(APP.format(version="2"))
         with contextlib.suppress(AssertionError):
             server.wait_for_line(r"Reloading", timeout_s=0.5)
-    server.wait_for_line(STOPPED)  # the old server drained
+    server.wait_for_line(STOPPED)  # the old server drained, without an idle window:
+    assert re.search(r"accepting: SIGTERM \(.*policy refuse-immediately", server.output())
     server.wait_for_line(r"Application startup complete", count=2)
     assert get(connect(server.port))["version"] == "2"
     drains_in_flight(server, connect(server.port), stopped=2)

@@ -56,6 +56,7 @@ ADAPTER_API = (
     "subscribe",
     "start_background",
     "request_shutdown",
+    "signal_received",
     "set_kill_deadline",
     "expect_kill_deadline",
     "notify_endpoint_removed",

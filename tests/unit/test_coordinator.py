@@ -21,6 +21,7 @@ from graceful import (
     RefuseImmediately,
     ServeUntilKilled,
     ShutdownCoordinator,
+    _coordinator,
 )
 
 pytestmark = pytest.mark.anyio
@@ -329,10 +330,11 @@ async def test_sync_hooks_run_in_a_thread_and_hanging_ones_are_abandoned(
 
 
 async def test_logs_phase_changes_and_drain_progress(
-    caplog: pytest.LogCaptureFixture, virtual_time: bool
+    caplog: pytest.LogCaptureFixture, virtual_time: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if not virtual_time:
         pytest.skip("once-a-second progress lines are checked on the virtual clock")
+    monkeypatch.setattr(_coordinator, "in_terminal_foreground", lambda: False)
     caplog.set_level(logging.INFO, logger="graceful")
     c = ShutdownCoordinator(policy=RefuseImmediately(), drain_timeout_s=20)
     async with anyio.create_task_group() as tg:

@@ -10,7 +10,7 @@ import time
 import anyio
 import pytest
 
-from graceful import Phase, RefuseImmediately, ServeUntilKilled, ShutdownCoordinator
+from graceful import Phase, RefuseImmediately, ServeUntilKilled, ShutdownCoordinator, _coordinator
 from graceful._deadlines import (
     DEFAULT_GRACE_PERIOD_S,
     Deadlines,
@@ -314,11 +314,16 @@ async def test_stopping_hooks_are_bounded_by_exit_by(virtual_time: bool) -> None
         assert anyio.current_time() <= d.exit_by + 0.1
 
 
-async def test_no_kill_deadline_warning_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+async def test_no_kill_deadline_warning_is_logged_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start-up (not when the shutdown begins, when it is too late to act on it)."""
+    monkeypatch.setattr(_coordinator, "in_terminal_foreground", lambda: False)
     caplog.set_level(logging.INFO, logger="graceful")
     c = ShutdownCoordinator(policy=RefuseImmediately())
     async with anyio.create_task_group() as tg:
         await start(tg, c)
+        assert "no kill deadline known" in caplog.text  # before any shutdown request
         c.request_shutdown("preStop", escalate=False)
         c.request_shutdown("preStop", escalate=False)
         c.request_shutdown("SIGTERM")
@@ -327,7 +332,22 @@ async def test_no_kill_deadline_warning_is_logged_once(caplog: pytest.LogCapture
     warnings = [r for r in caplog.records if "no kill deadline known" in r.getMessage()]
     assert len(warnings) == 1
     assert warnings[0].levelno == logging.WARNING
-    assert "assuming 30 s" in warnings[0].getMessage()
+    assert "assuming Kubernetes' default of 30 s at shutdown" in warnings[0].getMessage()
+
+
+async def test_no_kill_deadline_warning_not_in_a_terminal(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dev loop (a terminal's foreground) is not warned: Ctrl-C drains at once."""
+    monkeypatch.setattr(_coordinator, "in_terminal_foreground", lambda: True)
+    caplog.set_level(logging.INFO, logger="graceful")
+    c = ShutdownCoordinator(policy=RefuseImmediately())
+    async with anyio.create_task_group() as tg:
+        await start(tg, c)
+        c.request_shutdown("SIGTERM")
+        with anyio.fail_after(60):
+            assert await c.wait_for_phase(Phase.STOPPED)
+    assert "no kill deadline known" not in caplog.text
 
 
 async def test_known_grace_period_logs_no_warning(caplog: pytest.LogCaptureFixture) -> None:
