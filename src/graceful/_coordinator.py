@@ -74,6 +74,7 @@ from ._signals import (
     SHUTDOWN_SIGNALS,
     catch_signals,
     in_terminal_foreground,
+    loop_handles,
     signal_name,
 )
 from ._tracking import Session, Tracking
@@ -279,6 +280,12 @@ class ShutdownCoordinator(Tracking):
     def shutdown_requested(self) -> bool:
         """``True`` once shutdown was requested."""
         return self._phase > Phase.SERVING
+
+    @property
+    def running(self) -> bool:
+        """``True`` while :meth:`run` runs: something will carry out a shutdown request
+        (a graceful server, or the application's own ``run()``)."""
+        return self._running
 
     @property
     def deadlines(self) -> Deadlines | None:
@@ -593,7 +600,10 @@ class ShutdownCoordinator(Tracking):
             shutdown_trigger: An awaitable factory; when it returns, shutdown is
                 requested.  Without one, handlers for SIGTERM, SIGINT (request shutdown,
                 escalate on repeat) and SIGQUIT (stop at once) are installed — only in
-                the main thread — and the previous handlers restored on exit.
+                the main thread — and the previous handlers restored on exit.  If a
+                handler replaced was somebody's own (a server's: an app whose lifespan
+                runs the coordinator under plain uvicorn), it then gets the first
+                signal, so that the server stops once the coordinator did.
         """
         if self._running:
             raise RuntimeError("ShutdownCoordinator.run() is already running")
@@ -616,10 +626,18 @@ class ShutdownCoordinator(Tracking):
                     task_status.started()
                     await self._run_phases()
                 else:
+                    if any(loop_handles(s) for s in SHUTDOWN_SIGNALS):
+                        logger.warning(
+                            "SIGTERM and SIGINT are also handled by the event loop "
+                            "(loop.add_signal_handler: the hypercorn command?): the server "
+                            "stops at the signal whatever the policy; run the app with "
+                            "'graceful run --server hypercorn' or graceful.hypercorn"
+                        )
                     with catch_signals(
                         (*SHUTDOWN_SIGNALS, *QUICK_SIGNALS),
                         self._on_signal,
                         schedule=self._schedule,
+                        hand_over=True,
                     ):
                         task_status.started()
                         await self._run_phases()

@@ -54,6 +54,7 @@ __all__ = (
     "SHUTDOWN_SIGNALS",
     "in_terminal_foreground",
     "judge_terminal_by",
+    "loop_handles",
     "catch_signals",
     "current_schedule",
     "defer_signals",
@@ -226,12 +227,38 @@ def _wakeup_fd(schedule: Schedule) -> Iterator[None]:
         writer.close()
 
 
+def loop_handles(signum: int) -> bool:
+    """Whether an asyncio loop handles ``signum`` (``loop.add_signal_handler``, as the
+    ``hypercorn`` command does): it sees the signal whatever Python-level handler is
+    installed over it, since the C-level handler writes to the loop's wakeup fd."""
+    return _is_loop_handler(signal.getsignal(signum))
+
+
+def _is_loop_handler(handler: Any) -> bool:
+    if isinstance(getattr(handler, "__self__", None), asyncio.AbstractEventLoop):
+        return True  # uvloop's own handler
+    return getattr(handler, "__qualname__", "") == "_sighandler_noop"  # asyncio's
+
+
+def _is_server_handler(handler: Any) -> bool:
+    """Whether ``handler`` is somebody's own (a server's, as plain uvicorn's
+    ``handle_exit``): not a default, not ours, not asyncio's Ctrl-C handling, not an
+    event loop's (which saw the signal already, through its wakeup fd)."""
+    if not callable(handler) or handler in (signal.default_int_handler, _record):
+        return False
+    if _is_loop_handler(handler):
+        return False
+    func = getattr(handler, "func", handler)  # functools.partial
+    return getattr(func, "__qualname__", "") != "Runner._on_sigint"
+
+
 @contextlib.contextmanager
 def catch_signals(
     signums: Iterable[int],
     on_signal: Callable[[int], None],
     *,
     schedule: Schedule | None = None,
+    hand_over: bool = False,
 ) -> Iterator[bool]:
     """Call ``on_signal(signum)`` in the event loop for each of ``signums`` received.
 
@@ -243,6 +270,9 @@ def catch_signals(
             running asyncio loop's ``call_soon_threadsafe`` or trio's ``run_sync_soon``.
             A synchronous program (the ``--workers`` parent) passes a function that
             queues the call for its own main loop.
+        hand_over: On exit, give the first signal received to the handler it replaced
+            when that is somebody's own (a server's: plain uvicorn running an app whose
+            lifespan runs the coordinator), so that it stops too once we are done.
 
     Yields:
         ``True`` if handlers were installed, ``False`` outside the main thread.
@@ -258,9 +288,13 @@ def catch_signals(
     # deliver() would deadlock the handler.
     pending: collections.deque[int] = collections.deque()
 
+    received: list[int] = []
+
     def deliver() -> None:
         while pending:
-            on_signal(pending.popleft())
+            signum = pending.popleft()
+            received.append(signum)
+            on_signal(signum)
 
     def enqueue(signum: int) -> None:
         pending.append(signum)
@@ -285,3 +319,5 @@ def catch_signals(
     finally:
         while pending:
             signal.raise_signal(pending.popleft())
+        if hand_over and received and _is_server_handler(previous.get(received[0])):
+            signal.raise_signal(received[0])

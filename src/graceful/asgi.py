@@ -67,6 +67,8 @@ logger = logging.getLogger("graceful")
 _CLOSE: Final = (b"connection", b"close")
 _TEXT: Final = [(b"content-type", b"text/plain; charset=utf-8")]
 _CUT_SEND_S: Final = 1.0  # the longest a cut request's 503 may take to send
+#: How long after lifespan startup the coordinator must run, or a warning says it does not.
+RUN_CHECK_S: Final = 1.0
 
 
 def _with_connection_close(message: Message) -> Message:
@@ -206,6 +208,7 @@ class GracefulMiddleware:
         coordinator.subscribe(self._on_phase)
         self._lifespan_seen = False
         self._started = False
+        self._run_checked = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -357,11 +360,34 @@ class GracefulMiddleware:
 
     def _observe_lifespan(self, receive: Receive) -> Receive:
         async def observed() -> Message:
+            if self._started and not self._run_checked:
+                # Startup is complete and the server now waits for shutdown: meanwhile,
+                # say so if nothing runs the coordinator.
+                self._run_checked = True
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._warn_unless_running)
+                    message = await receive()
+                    tg.cancel_scope.cancel()
+                return message
             message = await receive()
             self._lifespan_seen = True
             return message
 
         return observed
+
+    async def _warn_unless_running(self) -> None:
+        """Under a server that is not graceful's (plain ``uvicorn app:app``) nothing runs
+        the coordinator: the health endpoints answer, but a SIGTERM is the server's own."""
+        await anyio.sleep(RUN_CHECK_S)
+        c = self.coordinator
+        if not c.running and not c.shutdown_requested:
+            logger.warning(
+                "GracefulMiddleware: no graceful server runs this app (plain uvicorn or "
+                "hypercorn?): /readyz will not fail at SIGTERM and the server stops as it "
+                "always does. Run it with 'graceful run', graceful.uvicorn, "
+                "graceful.hypercorn or a graceful gunicorn worker — or run "
+                "coordinator.run() in the app's lifespan (see the ASGI docs)"
+            )
 
     def _observe_send(self, send: Send) -> Send:
         async def observed(message: Message) -> None:
