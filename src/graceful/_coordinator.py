@@ -65,7 +65,6 @@ from ._policy import (
     Phase,
     Policy,
     PolicyInput,
-    ServeUntilKilled,
     _check_optional_seconds,
     _check_seconds,
 )
@@ -235,7 +234,7 @@ class ShutdownCoordinator(Tracking):
         self._requested_at: float | None = None
         self._first_reason: str | None = None
         self._kill_expected: str | None = None
-        self._warned_deadline = False
+        self._announced = False
         self._kill_at: float | None = None
         self._kill_source: str | None = None
         self._deadlines: Deadlines | None = None
@@ -608,7 +607,7 @@ class ShutdownCoordinator(Tracking):
         if self._running:
             raise RuntimeError("ShutdownCoordinator.run() is already running")
         self._running = True
-        self._warn_without_deadline()
+        self._announce()
         if self._phase_since is None:
             self._phase_since = self._now()
         from ._signals import current_schedule
@@ -647,28 +646,36 @@ class ShutdownCoordinator(Tracking):
             self._running = False
             self._loop_thread = None
 
-    def _warn_without_deadline(self) -> None:
-        """At start-up, once: no grace period configured and none coming from a watcher
-        means planning with Kubernetes' default, which may be wrong for this platform.
-        Not in a terminal's foreground (the dev loop): a Ctrl-C there drains at once."""
-        if self._warned_deadline or self._kill_at is not None or self._kill_expected:
+    def _announce(self) -> None:
+        """The start-up line, once: the policy and where the kill deadline comes from.
+        Without one configured or coming from a watcher, Kubernetes' default is planned
+        for, which may be wrong for this platform: a warning then — not in a terminal's
+        foreground (the dev loop), where a Ctrl-C drains at once."""
+        if self._announced:
             return
-        if self.grace_period_s is not None or in_terminal_foreground():
-            return
-        self._warned_deadline = True
-        what = (
-            "serve-until-killed serves until then"
-            if isinstance(self.policy, ServeUntilKilled)
-            else "the drain is planned for it"
-        )
-        logger.warning(
-            "no kill deadline known (set --grace-period or %s): assuming Kubernetes' "
-            "default of %g s at shutdown, and %s (docker stop and Cloud Run give 10 s, "
-            "ECS 30 s, systemd 90 s)",
-            GRACE_PERIOD_ENV,
-            _deadlines.DEFAULT_GRACE_PERIOD_S,
-            what,
-        )
+        self._announced = True
+        policy = self.policy.describe()
+        if self._kill_at is not None:
+            logger.info("policy %s; kill deadline: %s", policy, self._kill_source)
+        elif self._kill_expected:
+            logger.info("policy %s; kill deadline: %s, at SIGTERM", policy, self._kill_expected)
+        elif self.grace_period_s is not None:
+            logger.info("policy %s; kill deadline: grace period %g s", policy, self.grace_period_s)
+        elif in_terminal_foreground():
+            logger.info(
+                "policy %s; kill deadline: none known (%g s assumed); Ctrl-C drains at once",
+                policy,
+                _deadlines.DEFAULT_GRACE_PERIOD_S,
+            )
+        else:
+            logger.warning(
+                "policy %s; no kill deadline known (set --grace-period or %s): assuming "
+                "Kubernetes' default of %g s at shutdown (docker stop and Cloud Run give "
+                "10 s, ECS 30 s, systemd 90 s)",
+                policy,
+                GRACE_PERIOD_ENV,
+                _deadlines.DEFAULT_GRACE_PERIOD_S,
+            )
 
     def _on_signal(self, signum: int) -> None:
         self.signal_received(signum)
@@ -749,18 +756,12 @@ class ShutdownCoordinator(Tracking):
                     return
                 if now >= self._drain_deadline:
                     self._advance(
-                        Phase.STOPPING,
-                        f"drain deadline reached with {self._connections} connections, "
-                        f"{self._requests} requests and {len(self._sessions)} sessions left",
+                        Phase.STOPPING, f"drain deadline reached with {self._counts()} left"
                     )
                     return
                 if now >= next_log:
                     logger.info(
-                        "draining: %d connections, %d requests in flight, %d sessions, %.1f s left",
-                        self._connections,
-                        self._requests,
-                        len(self._sessions),
-                        self.drain_time_left() or 0.0,
+                        "draining: %s, %.1f s left", self._counts(), self.drain_time_left() or 0.0
                     )
                     next_log = now + 1.0
                 await self._wait_for_change(min(next_log, self._drain_deadline) - now)
@@ -818,6 +819,13 @@ class ShutdownCoordinator(Tracking):
         timer.start()
         self._watchdog = timer
 
+    def _counts(self, *, sessions: bool = False) -> str:
+        """``"1 connection, 2 requests"``, with the sessions when there are any."""
+        parts = [_counted(self._connections, "connection"), _counted(self._requests, "request")]
+        if sessions or self._sessions:
+            parts.append(_counted(len(self._sessions), "session"))
+        return ", ".join(parts)
+
     def _hard_exit(self) -> None:
         """The watchdog fired: the process is still alive at ``exit_by``."""
         threads = [
@@ -828,12 +836,9 @@ class ShutdownCoordinator(Tracking):
             and t.is_alive()
         ]
         logger.error(
-            "still alive at the last moment before SIGKILL (phase %s); exiting, abandoning "
-            "%d connections, %d requests, %d sessions%s",
+            "still alive at the last moment before SIGKILL (phase %s); exiting, abandoning %s%s",
             self._phase,
-            self._connections,
-            self._requests,
-            len(self._sessions),
+            self._counts(sessions=True),
             f" and threads {', '.join(threads)}" if threads else "",
         )
         _flush_and_exit(0 if self._phase is Phase.STOPPED else 1)
@@ -895,28 +900,15 @@ class ShutdownCoordinator(Tracking):
         if phase is Phase.ACCEPTING and self._deadlines is not None:
             d = self._deadlines
             longest = self.longest_request_s()
-            measured = (
-                "nothing measured yet"
-                if longest is None
-                else f"longest recent request {longest:.3g} s"
-            )
+            measured = "" if longest is None else f", longest recent request {longest:.3g} s"
             extra = (
-                f", policy {self.policy.name}, SIGKILL expected in {d.kill - now:.1f} s"
-                f" ({d.kill_source}); accepting at most {d.accept_by - now:.1f} s, keeping"
-                f" {d.stop_by - d.accept_by:.1f} s to drain: {measured}"
+                f"; SIGKILL expected in {d.kill - now:.1f} s ({d.kill_source}): accepting at"
+                f" most {d.accept_by - now:.1f} s, then {d.stop_by - d.accept_by:.1f} s to"
+                f" drain{measured}"
             )
         elif phase is Phase.DRAINING:
-            extra = f", {self.drain_time_left():.1f} s to drain"
-        logger.info(
-            "%s -> %s: %s (%d connections, %d requests, %d sessions%s)",
-            previous,
-            phase,
-            reason,
-            self._connections,
-            self._requests,
-            len(self._sessions),
-            extra,
-        )
+            extra = f"; {self.drain_time_left():.1f} s to drain"
+        logger.info("%s -> %s: %s (%s%s)", previous, phase, reason, self._counts(), extra)
         if phase is Phase.DRAINING or (phase is Phase.STOPPING and previous < Phase.DRAINING):
             for session in list(self._sessions):
                 session._request_drain()
@@ -949,6 +941,10 @@ class ShutdownCoordinator(Tracking):
         finally:
             if zero:
                 self._zero_waiters -= 1
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _flush_and_exit(status: int) -> None:

@@ -181,6 +181,10 @@ class Policy(ABC):
     def decide(self, inp: PolicyInput) -> Decision:
         """Return whether accepting ends at ``inp.now``, else when to ask again."""
 
+    def describe(self) -> str:
+        """The policy and its settings in a few words, for the start-up line."""
+        return self.name
+
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -209,6 +213,9 @@ class ServeUntilKilled(Policy):
         if inp.now >= end:
             return Decision(True, why)
         return Decision(False, "serving until killed", None if math.isinf(end) else end)
+
+    def describe(self) -> str:
+        return self.name + ("" if self.max_wait_s is None else f" (at most {self.max_wait_s:g} s)")
 
 
 @final
@@ -267,6 +274,11 @@ class AcceptUntilIdle(Policy):
         if inp.now >= end:
             return Decision(True, f"no new connection for {inp.now - last:.3g} s")
         return Decision(False, "new connections may still arrive", min(end, hard))
+
+    def describe(self) -> str:
+        after = ", after endpoint removal" if self.wait_for_endpoint_removal else ""
+        least = f", at least {self.min_wait_s:g} s" if self.min_wait_s else ""
+        return f"{self.name} (idle {self.idle_s:g} s{after}{least}, at most {self.max_wait_s:g} s)"
 
 
 @final

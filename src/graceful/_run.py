@@ -62,6 +62,7 @@ bad usage, 3 if the app could not start.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import functools
 import importlib
@@ -86,7 +87,7 @@ import click
 from click.core import ParameterSource
 from click.shell_completion import CompletionItem
 
-from . import _config
+from . import _config, _logging
 from ._config import OPTIONS, ConfigError, Values
 from ._coordinator import ShutdownCoordinator
 from ._deadlines import DEFAULT_GRACE_PERIOD_S
@@ -578,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_FAILED
     try:
         inv = parse(argv)
-        _configure_logging(inv.values)
+        _configure_logging(inv)
         if inv.worker_fd is None:  # once, not in every --workers worker
             _warn_about_settings(inv)
         sys.path.insert(0, inv.option("app_dir") or os.getcwd())
@@ -599,11 +600,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
 
-def _configure_logging(values: Values) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if values["log_level"] in ("debug", "trace") else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+def _configure_logging(inv: Invocation) -> None:
+    """graceful's lines in the server's format (see :mod:`graceful._logging`): with
+    uvicorn, uvicorn's logging is set up now (as its ``Config`` will again), so that
+    even the lines before the server starts read like uvicorn's."""
+    level = _logging.level_of(str(inv.values["log_level"]))
+    if inv.server != "uvicorn" or _uvicorn_command() is None:
+        _logging.to_stderr(level)
+        return
+    import uvicorn
+
+    uvicorn.Config(
+        inv.app,
+        log_config=_log_config(inv),
+        log_level=inv.values["log_level"],
+        use_colors=inv.option("use_colors"),
     )
+    _logging.through("uvicorn", level)
+
+
+def _log_config(inv: Invocation) -> Any:
+    """``--log-config`` if given, else uvicorn's own, with the process id in each line
+    of a ``--workers`` worker."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    given = inv.option("log_config")
+    if given is not None:
+        return given
+    if inv.worker_fd is None:
+        return LOGGING_CONFIG
+    config = copy.deepcopy(LOGGING_CONFIG)
+    for formatter in config["formatters"].values():
+        formatter["fmt"] = formatter["fmt"].replace("%(levelprefix)s ", _logging.PID_PREFIX)
+    return config
 
 
 def _warn_about_settings(inv: Invocation) -> None:
@@ -670,7 +699,6 @@ def uvicorn_config(inv: Invocation, **extra: Any) -> uvicorn.Config:
     """The :class:`uvicorn.Config` of ``inv``: uvicorn's options as uvicorn's own
     command passes them (``uvicorn.main.main``), then ours, then ``extra``."""
     import uvicorn
-    from uvicorn.config import LOGGING_CONFIG
 
     accepted = inspect.signature(uvicorn.Config).parameters
     kwargs: dict[str, Any] = {}
@@ -680,8 +708,8 @@ def uvicorn_config(inv: Invocation, **extra: Any) -> uvicorn.Config:
         kwargs[name] = list(value) or None if isinstance(value, tuple) else value
     if kwargs.get("headers"):
         kwargs["headers"] = [tuple(h.split(":", 1)) for h in kwargs["headers"]]
-    if "log_config" in kwargs and kwargs["log_config"] is None:
-        kwargs["log_config"] = LOGGING_CONFIG
+    if "log_config" in kwargs:
+        kwargs["log_config"] = _log_config(inv)
     if _DRAIN_ALIAS in kwargs:
         kwargs[_DRAIN_ALIAS] = None  # our --drain-timeout (the coordinator) bounds it
     kwargs.update(_config.uvicorn_kwargs(inv.values), **extra)
@@ -731,7 +759,8 @@ def _serve_reloaded(values: Values, config: uvicorn.Config, sockets: list[socket
     """
     from ._policy import RefuseImmediately
 
-    _configure_logging(values)
+    # uvicorn configured its logging in this process (from the pickled config) already.
+    _logging.through("uvicorn", _logging.level_of(str(values["log_level"])))
     server = _config.build_server(
         values, config, policy=RefuseImmediately(), exit_on_third_request=True, hard_exit=True
     )
@@ -881,6 +910,7 @@ def _serve_aiohttp(inv: Invocation) -> int:
             coordinator=coordinator,
             ssl_context=ssl_context,
             loop=loop,
+            print=None,  # the banner is our log line
             **where,
             **options,
             **_config.middleware_kwargs(values),
@@ -1076,7 +1106,6 @@ class _Supervisor:
                 self.count,
                 ", ".join(str(w.proc.pid) for w in self.workers),
             )
-            print(f"graceful: listening on {where}", flush=True)
             while self.workers:
                 timeout = None
                 if self.deadline is not None:

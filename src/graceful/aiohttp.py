@@ -90,6 +90,7 @@ from aiohttp.web_log import AccessLogger
 from aiohttp.web_protocol import RequestHandler
 from typing_extensions import final
 
+from . import _logging
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_readiness_on_shutdown, _check_seconds
@@ -883,12 +884,13 @@ async def _serve(
             await site.start()
         runner.adopt_sites()
         names = sorted(str(s.name) for s in runner.sites)
-        for name in names:
-            logger.info("aiohttp running on %s", name)
-        if print is not None:
+        if print is not None:  # aiohttp's banner, as web.run_app prints it
             print(
                 "======== Running on {} ========\n(Press CTRL+C to quit)".format(", ".join(names))
             )
+        else:
+            for name in names:
+                logger.info("aiohttp running on %s", name)
         await coordinator.run(shutdown_trigger=None if handle_signals else _never)
     finally:
         await runner.cleanup()
@@ -967,6 +969,9 @@ def run_app(
         metrics_path: See :func:`setup`.
         readiness_on_shutdown: See :func:`setup`.
         kwargs: Passed to the :class:`AppRunner` (and on to aiohttp's request handler).
+
+    graceful's own lines (the policy, the phases) go to standard error unless the
+    application configured logging (a handler on the ``graceful`` or the root logger).
     """
     if coordinator is not None and policy is not None:
         raise ValueError("pass either coordinator= or policy=, not both")
@@ -976,6 +981,8 @@ def run_app(
         )
     if loop is None:
         loop = asyncio.new_event_loop()
+    # graceful's phase lines on standard error, unless the application configured logging.
+    _logging.to_stderr()
     # As aiohttp: configure the access log in debug mode only, and only the default one.
     if loop.get_debug() and access_log is not None and access_log.name == "aiohttp.access":
         if access_log.level == logging.NOTSET:

@@ -76,6 +76,7 @@ from typing import Any
 import uvicorn
 from typing_extensions import final
 
+from . import _logging
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
@@ -245,8 +246,13 @@ class Server(uvicorn.Server):
             config.ws_protocol_class = _tracking_class(config.ws_protocol_class, self, counts=False)
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
-        """Serve until the coordinator stops (see :meth:`uvicorn.Server.serve`)."""
+        """Serve until the coordinator stops (see :meth:`uvicorn.Server.serve`).
+
+        graceful's own lines go through uvicorn's log handlers (its format and colours,
+        at its log level) unless the application configured logging.
+        """
         self._loop = asyncio.get_running_loop()
+        _logging.through("uvicorn")
         # Signals first: a SIGTERM while the app is imported or its lifespan starts begins
         # the shutdown instead of killing the process. super().serve() nests
         # capture_signals.

@@ -285,7 +285,7 @@ def test_deadline_cuts_with_503_and_still_runs_on_cleanup(
     assert client.closed_by_peer()
     assert server.wait_exit(timeout_s=10) == 0
     assert time.monotonic() - began < 6  # before the kill deadline
-    assert server.has_line(r"drain deadline reached with \d+ connections, 1 requests")
+    assert server.has_line(r"drain deadline reached with \d+ connections?, 1 request\b")
     assert server.has_line("on_cleanup ran")
 
 
@@ -498,7 +498,7 @@ def test_never_closing_websocket_exits_before_the_kill_deadline(
         ws.close()
     print(f"\nexit {took:.2f} s after SIGTERM with a never-closing websocket (grace 4 s)")
     assert took < 4
-    assert server.has_line(r"drain deadline reached with \d+ connections, 0 requests and 1 sess")
+    assert server.has_line(r"drain deadline reached with \d+ connections?, 0 requests, 1 session")
     assert server.has_line("on_cleanup ran")
 
 

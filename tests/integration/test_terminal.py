@@ -42,6 +42,7 @@ class TerminalProcess:
         )  # fmt: skip
         os.close(slave)
         self.text = ""
+        self.raw = ""  # with the colours
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -56,6 +57,7 @@ class TerminalProcess:
                     self.text += "\0"  # end of output
                     self._cond.notify_all()
                     return
+                self.raw += data.decode(errors="replace")
                 self.text += ANSI.sub("", data.decode(errors="replace"))
                 self._cond.notify_all()
 
@@ -110,3 +112,6 @@ def test_ctrl_c_drains_at_once_and_finishes_the_request(options: list[str], stop
         term.close()
     assert "no new connection for" not in term.text  # no idle window
     assert "no kill deadline known" not in term.text
+    assert "kill deadline: none known (30 s assumed); Ctrl-C drains at once" in term.text
+    if not options:  # uvicorn's colours on a terminal, ours too
+        assert "\x1b[32mINFO\x1b[0m:     policy accept-until-idle" in term.raw, term.raw

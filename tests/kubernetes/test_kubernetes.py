@@ -22,14 +22,16 @@ from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG, apply_rbac
 pytestmark = pytest.mark.timeout(180)
 
 _names = iter(range(1, 10_000))
-LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ graceful: (.*)$", re.M)
+#: A pod log line: its time (RFC 3339, as the kubelet stamps it), uvicorn's level prefix
+#: (graceful's lines go through uvicorn's handler), the message.
+LOG_TIME = re.compile(r"^(\S+) (?:[A-Z]+:\s+)?(.*)$", re.M)
 
 
 def events(log: str) -> list[tuple[float, str]]:
     """graceful's log lines: (wall-clock time, message)."""
     return [
         (
-            datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp(),
+            datetime.datetime.fromisoformat(stamp).timestamp(),
             message,
         )
         for stamp, message in LOG_TIME.findall(log)

@@ -130,9 +130,7 @@ async def test_drain_timeout_cuts_the_drain(virtual_time: bool, scale: float) ->
             if virtual_time:
                 assert anyio.current_time() - began == pytest.approx(5.0)
             assert changes[2][0] is Phase.STOPPING
-            assert changes[2][2] == (
-                "drain deadline reached with 0 connections, 1 requests and 0 sessions left"
-            )
+            assert changes[2][2] == ("drain deadline reached with 0 connections, 1 request left")
 
 
 async def test_kill_deadline_bounds_accepting_and_draining(virtual_time: bool) -> None:
@@ -348,10 +346,10 @@ async def test_logs_phase_changes_and_drain_progress(
             c.connection_closed()
         assert await c.wait_for_phase(Phase.STOPPED)
     messages = [r.getMessage() for r in caplog.records if r.name == "graceful"]
-    assert messages.pop(0).startswith("no kill deadline known")
-    assert messages[0].startswith("serving -> accepting: SIGTERM (12 connections, 3 requests")
+    assert messages.pop(0).startswith("policy refuse-immediately; no kill deadline known")
+    assert messages[0].startswith("serving -> accepting: SIGTERM (12 connections, 3 requests;")
     assert messages[1].startswith("accepting -> draining: policy refuses")
-    assert messages[2] == "draining: 12 connections, 3 requests in flight, 0 sessions, 19.0 s left"
+    assert messages[2] == "draining: 12 connections, 3 requests, 19.0 s left"
     assert messages[3].startswith("draining -> stopping: drained")
     assert messages[4].startswith("stopping -> stopped")
 

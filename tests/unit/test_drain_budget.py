@@ -63,7 +63,7 @@ async def test_serve_until_killed_accepts_until_the_measured_budget(
         assert await c.wait_for_phase(Phase.STOPPED)
     # kill at 30 s, stopping 1 s before, 1 s (the floor) kept to drain.
     assert accepted_for == pytest.approx(28.0)
-    assert "keeping 14.5 s to drain: nothing measured yet" in caplog.text
+    assert "accepting at most 14.5 s, then 14.5 s to drain)" in caplog.text
 
 
 async def test_longer_requests_seen_while_accepting_move_the_end(virtual_time: bool) -> None:

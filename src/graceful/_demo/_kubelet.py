@@ -107,14 +107,26 @@ class Kubelet:
             re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), word)
             for word in [*self.container["command"], *self.container.get("args", [])]
         ]
-        with open(self.log_path, "wb") as log:
-            self.proc = self.cluster.ns.popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
+        self.proc = self.cluster.ns.popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
         self.timeline["started"] = time.time()
+        threading.Thread(target=self._copy_log, name=f"log-{self.name}", daemon=True).start()
         for target in (self._probe_loop, self._watch_loop, self._reap):
             self._thread(target)
         return self
+
+    def _copy_log(self) -> None:
+        """The container runtime's part: each line of output to the pod's log with the
+        time it was read, as ``kubectl logs --timestamps`` shows it (RFC 3339)."""
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        with self.proc.stdout as output, open(self.log_path, "wb") as log:
+            for line in output:
+                stamp = datetime.datetime.now(datetime.timezone.utc).isoformat()
+                log.write(stamp.encode() + b" " + line)
+                log.flush()
 
     def _thread(self, target: Any) -> None:
         # Started from a thread inside the namespace, so it is inside the namespace too.
@@ -273,7 +285,8 @@ class Kubelet:
         return at
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        """The pod's log so far, each line after its RFC 3339 time."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
         """Kill the process (whatever its state) and stop the loops; for cleanup."""

@@ -280,17 +280,15 @@ def _long_request(
         conn.close()
 
 
-_DRAINING: Final = re.compile(
-    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ graceful: accepting -> draining", re.M
-)
+_DRAINING: Final = re.compile(r"^(\S+) .*\baccepting -> draining", re.M)
 
 
 def _draining_at(log: str) -> float | None:
-    """When graceful's log says accepting ended (wall clock), if it does."""
+    """When graceful's log says accepting ended (wall clock: the pod log's time), if it does."""
     match = _DRAINING.search(log)
     if match is None:
         return None
-    return datetime.datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return datetime.datetime.fromisoformat(match[1]).timestamp()
 
 
 def _wait(

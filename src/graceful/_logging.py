@@ -1,0 +1,109 @@
+"""graceful's log lines in the format of the server they run in.
+
+graceful logs to the ``graceful`` logger (and its children, ``graceful.kubernetes``).
+An application that configured logging — a handler on ``graceful`` or on the root
+logger — decides where those lines go, and nothing here touches it.  Otherwise:
+
+* under uvicorn (``graceful run``, :mod:`graceful.uvicorn`) the lines go through
+  uvicorn's own handler, so they read like uvicorn's (``INFO:     serving -> …``, colours
+  on a terminal, a ``--log-config`` honoured) at the ``--log-level`` given;
+* under hypercorn and aiohttp they get hypercorn's format
+  (``[date] [pid] [INFO] message``), aiohttp having none of its own.
+
+The root logger is never configured: ``--log-level debug`` turns on graceful's debug
+lines, not every library's.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Final
+
+__all__ = (
+    "LOGGER",
+    "PID_PREFIX",
+    "SERVER_FORMAT",
+    "configured",
+    "level_of",
+    "through",
+    "to_stderr",
+)
+
+LOGGER: Final = logging.getLogger("graceful")
+
+#: hypercorn's format (``hypercorn.logging``), also used for aiohttp.
+SERVER_FORMAT: Final = (
+    "%(asctime)s [%(process)d] [%(levelname)s] %(message)s",
+    "[%Y-%m-%d %H:%M:%S %z]",
+)
+#: uvicorn's line prefix with the process id, for the workers of ``graceful run --workers``.
+PID_PREFIX: Final = "%(levelprefix)s [%(process)d] "
+
+
+def configured() -> bool:
+    """Whether the application configured where graceful's lines go."""
+    return bool(LOGGER.handlers) or bool(logging.getLogger().handlers)
+
+
+def level_of(name: str) -> int:
+    """A ``--log-level`` name as a logging level (uvicorn's ``trace`` is below debug)."""
+    level = {"trace": 5}.get(name, logging.getLevelName(name.upper()))
+    return level if isinstance(level, int) else logging.INFO
+
+
+class _Through(logging.Handler):
+    """Hands each record to the handlers the server's logger has *now*: they follow a
+    server that configures its logging again (uvicorn does, per ``Config``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.target = logging.getLogger(name)
+        self.fallback = _stderr_handler()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        handlers = self.target.handlers or [self.fallback]
+        for handler in handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+
+def through(server_logger: str, level: int | None = None) -> bool:
+    """Unless the application configured logging, write graceful's lines with the
+    handlers of ``server_logger`` (``"uvicorn"``: its format, colours and
+    ``--log-config``), at ``level`` (default: that of ``<server_logger>.error``).
+
+    Returns:
+        Whether graceful's lines now go through the server's handlers.
+    """
+    if configured():
+        return False
+    if level is None:
+        level = logging.getLogger(f"{server_logger}.error").getEffectiveLevel()
+    _install(_Through(server_logger), level)
+    return True
+
+
+def _stderr_handler() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(*SERVER_FORMAT))
+    return handler
+
+
+def _install(handler: logging.Handler, level: int) -> None:
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(level)
+    LOGGER.propagate = False
+
+
+def to_stderr(level: int = logging.INFO) -> bool:
+    """Unless the application configured logging, write graceful's lines to standard
+    error in hypercorn's format, at ``level``.
+
+    Returns:
+        Whether a handler was added.
+    """
+    if configured():
+        return False
+    _install(_stderr_handler(), level)
+    return True
