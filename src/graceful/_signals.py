@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -48,6 +49,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import Any, Final
+
+logger = logging.getLogger("graceful")
 
 __all__ = (
     "QUICK_SIGNALS",
@@ -60,6 +63,7 @@ __all__ = (
     "defer_signals",
     "signal_name",
     "take_deferred",
+    "teardown_guard",
 )
 
 #: Signals that request shutdown; a repeat escalates.
@@ -321,3 +325,41 @@ def catch_signals(
             signal.raise_signal(pending.popleft())
         if hand_over and received and _is_server_handler(previous.get(received[0])):
             signal.raise_signal(received[0])
+
+
+@contextlib.contextmanager
+def teardown_guard(
+    shutdown_requested: Callable[[], bool], *, enabled: bool = True
+) -> Iterator[None]:
+    """Around a server's whole life in a library entry point (``graceful.uvicorn.run``,
+    ``graceful.hypercorn.run``, ``graceful.aiohttp.run_app``).
+
+    Until the server's handlers are in place, SIGTERM, SIGINT and SIGQUIT are recorded
+    (and delivered once it runs); after it ran, while it tears down, too.  On exit the
+    handlers found are back and a signal never delivered is re-raised to them — unless
+    the shutdown was requested already: then a SIGTERM recorded during the teardown (the
+    kubelet's, right after a preStop drain; a process group's second copy) asks for what
+    is done, and re-raising it would kill the process with its default action (status
+    143).  It is logged instead.
+    """
+    if not enabled or not _in_main_thread():
+        yield
+        return
+    handled = (*SHUTDOWN_SIGNALS, *QUICK_SIGNALS)
+    previous = {sig: signal.getsignal(sig) for sig in handled}
+    defer_signals(handled)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        late = take_deferred(handled)
+        if shutdown_requested():
+            if late:
+                logger.info(
+                    "%s during the teardown: already shut down",
+                    ", ".join(signal_name(s) for s in late),
+                )
+        else:
+            for signum in late:
+                signal.raise_signal(signum)

@@ -75,10 +75,9 @@ import contextvars
 import importlib
 import inspect
 import logging
-import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final, cast
 
 import anyio
@@ -95,11 +94,7 @@ from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_readiness_on_shutdown, _check_seconds
 from ._signals import (
-    QUICK_SIGNALS,
-    SHUTDOWN_SIGNALS,
-    defer_signals,
-    signal_name,
-    take_deferred,
+    teardown_guard,
 )
 from ._tracking import is_probe
 from .asgi import DrainSignal
@@ -790,40 +785,6 @@ async def _never() -> None:
     await asyncio.Event().wait()
 
 
-@contextlib.contextmanager
-def _signals_deferred(
-    enabled: bool, coordinator: ShutdownCoordinator
-) -> Generator[None, None, None]:
-    """Until the coordinator's handlers are in place, record SIGTERM/SIGINT/SIGQUIT
-    (delivered once it runs); after it ran, while the runner is cleaned up, record them
-    too.  On exit restore the handlers found and re-raise a signal that was never
-    delivered — unless the coordinator shut down already: then a SIGTERM recorded during
-    the teardown (the kubelet's, right after a preStop drain; a process group's second
-    copy) asks for what is done, and re-raising it would kill the process (status 143)
-    with its default action."""
-    if not enabled or not _in_main_thread():
-        yield
-        return
-    handled = (*SHUTDOWN_SIGNALS, *QUICK_SIGNALS)
-    previous = {sig: signal.getsignal(sig) for sig in handled}
-    defer_signals(handled)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-        late = take_deferred(handled)
-        if coordinator.shutdown_requested:
-            if late:
-                logger.info(
-                    "%s during the teardown: already shut down",
-                    ", ".join(signal_name(s) for s in late),
-                )
-        else:
-            for signum in late:
-                signal.raise_signal(signum)
-
-
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -1025,7 +986,7 @@ def run_app(
     # Signals are recorded before the coordinator runs and after it ran, until the loop
     # is closed: the teardown (cleanup, cancelling left-over tasks) is no place for a
     # shutdown signal's default action.
-    with _signals_deferred(handle_signals, coordinator):
+    with teardown_guard(lambda: coordinator.shutdown_requested, enabled=handle_signals):
         try:
             asyncio.set_event_loop(loop)
             loop.run_until_complete(main_task)

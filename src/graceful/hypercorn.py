@@ -147,10 +147,11 @@ from hypercorn.utils import wrap_app as hypercorn_wrap_app
 from hyperframe.frame import GoAwayFrame
 from typing_extensions import final
 
+from . import _logging
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
-from ._signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred
+from ._signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred, teardown_guard
 from .asgi import GracefulMiddleware
 
 if TYPE_CHECKING:
@@ -1133,11 +1134,15 @@ async def serve(
         middleware_options: Keyword arguments for the middleware (health paths,
             ``websocket_close_grace_s``).
 
+    graceful's own lines go through hypercorn's error log (its format, at its
+    ``loglevel``) unless the application configured logging.
+
     Raises:
         RuntimeError: outside an asyncio or trio event loop.
     """
     if coordinator is None:
         coordinator = ShutdownCoordinator()
+    _logging.through("hypercorn.error", _logging.level_of(str(config.loglevel or "info").lower()))
     idle_grace_s = _check_seconds("idle_grace_s", idle_grace_s)
     wrapper = _app_wrapper(
         app,
@@ -1190,7 +1195,10 @@ def run(
     if worker not in WORKER_CLASSES:
         raise ValueError(f"worker_class must be one of {', '.join(WORKER_CLASSES)}, got {worker!r}")
     main = functools.partial(serve, app, config, coordinator=coordinator, **kwargs)
-    if worker == "trio":
-        anyio.run(main, backend="trio")
-    else:
-        anyio.run(main, backend="asyncio", backend_options={"use_uvloop": worker == "uvloop"})
+    # A signal during the teardown after the shutdown (the kubelet's SIGTERM right after
+    # a preStop drain) is logged, not left to kill the process (status 143).
+    with teardown_guard(lambda: coordinator.shutdown_requested):
+        if worker == "trio":
+            anyio.run(main, backend="trio")
+        else:
+            anyio.run(main, backend="asyncio", backend_options={"use_uvloop": worker == "uvloop"})

@@ -80,7 +80,7 @@ from . import _logging
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
-from ._signals import QUICK_SIGNALS, catch_signals
+from ._signals import QUICK_SIGNALS, catch_signals, teardown_guard
 from .asgi import ASGIApp, GracefulMiddleware
 
 __all__ = ("Server", "run", "serve")
@@ -751,5 +751,11 @@ def run(
     policy: Policy | None = None,
     **kwargs: Any,
 ) -> None:
-    """Like :func:`uvicorn.run` (single process), with graceful shutdown; see :func:`serve`."""
-    _make_server(app, coordinator, policy, kwargs).run()
+    """Like :func:`uvicorn.run` (single process), with graceful shutdown; see :func:`serve`.
+
+    A signal during the teardown after the shutdown (the kubelet's SIGTERM right after a
+    preStop drain) is logged, not left to kill the process with its default action.
+    """
+    server = _make_server(app, coordinator, policy, kwargs)
+    with teardown_guard(lambda: server.coordinator.shutdown_requested):
+        server.run()

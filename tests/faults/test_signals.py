@@ -9,7 +9,9 @@ never merges two pending signals into one.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +19,13 @@ from pathlib import Path
 import pytest
 
 from graceful._coordinator import DUPLICATE_WINDOW_S
+from integration.servers import RawHTTP, ServerProcess
 
 from ._harness import ACCEPTING, STOPPED, Client, Harness, tracebacks
 
 OPTIONS = ["--policy", "accept-until-idle", "--idle", "1", "--grace-period", "10"]
+#: dumb-init, from its wheel (the test extra), beside this interpreter.
+DUMB_INIT = Path(sys.executable).with_name("dumb-init")
 
 
 def slow_client(server: object) -> Client:
@@ -212,48 +217,131 @@ def test_the_same_signal_twice_at_once_is_not_an_escalation(
     assert "(escalated)" not in server.output()  # (the kernel may also merge the two)
 
 
-@pytest.mark.parametrize(
-    "worker",
-    [
-        "graceful.gunicorn.UvicornWorker",
-        "graceful.gunicorn.HypercornWorker",
-    ],
-)
-def test_sigterm_to_gunicorns_process_group_is_not_an_escalation(
-    record: Callable[[str], None], worker: str
+def _gunicorn(worker: str, app: str = "examples.asgi_app:app") -> list[str]:
+    return [sys.executable, "-m", "gunicorn", app, "-k", worker, "-w", "1",
+            "-b", "127.0.0.1:0", "--graceful-timeout", "10"]  # fmt: skip
+
+
+def _graceful_run(*options: str) -> list[str]:
+    return [sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0",
+            "--grace-period", "10", *options]  # fmt: skip
+
+
+GUNICORN_LISTENING = r"Listening at: http://127\.0\.0\.1:(\d+)"
+RUN_LISTENING = r"(?:running on|listening on) http://127\.0\.0\.1:(\d+)"
+#: What systemd's KillMode=control-group, dumb-init's setsid mode, supervisord's
+#: stopasgroup and ``timeout`` do: the signal to every process of the group — and a
+#: gunicorn master or a --workers parent relays it to its workers as well.
+GROUP_CASES = {
+    "gunicorn UvicornWorker": (_gunicorn("graceful.gunicorn.UvicornWorker"), GUNICORN_LISTENING),
+    "gunicorn HypercornWorker": (
+        _gunicorn("graceful.gunicorn.HypercornWorker"),
+        GUNICORN_LISTENING,
+    ),
+    "gunicorn AiohttpWorker": (
+        _gunicorn("graceful.gunicorn.AiohttpWorker", "tests.integration.aiohttp_apps.app:app"),
+        GUNICORN_LISTENING,
+    ),
+    "graceful run": (_graceful_run(), RUN_LISTENING),
+    "graceful run --workers 2": (_graceful_run("--workers", "2"), RUN_LISTENING),
+}
+
+
+def _slow_request(server: ServerProcess, port: int) -> RawHTTP:
+    """A 2 s request in flight (the worker may still be starting: bounded retries)."""
+    client = RawHTTP(port)
+    for _ in range(100):
+        try:
+            client.send("/slow?s=2")
+            server.wait_for_line(r"slow request started", timeout_s=0.5)
+            return client
+        except (OSError, AssertionError):
+            client = RawHTTP(port)
+    raise AssertionError(f"no slow request started:\n{server.output()}")
+
+
+@pytest.mark.parametrize("case", GROUP_CASES)
+def test_sigterm_to_the_process_group_is_not_an_escalation(
+    record: Callable[[str], None], case: str
 ) -> None:
-    """``kill -TERM -- -$PGID`` on gunicorn (systemd's KillMode=control-group,
-    dumb-init's setsid mode, supervisord's stopasgroup, ``timeout``): each worker gets
-    SIGTERM from the kernel and again from the master.  The in-flight request
-    completes (200) as under stock uvicorn-worker."""
-    import os
-    import sys
-
-    from integration.servers import RawHTTP, ServerProcess
-
+    """``kill -TERM -- -$PGID``: each worker gets SIGTERM from the kernel and again from
+    its master or parent.  The in-flight request completes (200), as under stock
+    uvicorn-worker; nothing escalates."""
+    command, listening = GROUP_CASES[case]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
-    server = ServerProcess(
-        [sys.executable, "-m", "gunicorn", "examples.asgi_app:app", "-k", worker,
-         "-w", "1", "-b", "127.0.0.1:0", "--graceful-timeout", "10"],
-        env={**environment, "GRACEFUL_IDLE": "0.5"},
-    )  # fmt: skip
+    server = ServerProcess(command, env={**environment, "GRACEFUL_IDLE": "0.5"})
     try:
-        port = int(server.wait_for_line(r"Listening at: http://127\.0\.0\.1:(\d+)").group(1))
-        server.wait_for_line(r"Booting worker")
-        client = RawHTTP(port)
-        for _ in range(100):  # the worker may still be starting: bounded retries
-            try:
-                client.send("/slow?s=2")
-                server.wait_for_line(r"slow request started", timeout_s=0.5)
-                break
-            except (OSError, AssertionError):
-                client = RawHTTP(port)
+        port = int(server.wait_for_line(listening).group(1))
+        client = _slow_request(server, port)
         os.killpg(os.getpgid(server.proc.pid), signal.SIGTERM)
         status = client.response()[0]
         code = server.wait_exit(20)
         record(f"in-flight request: {status}; exit {code}")
-        assert code == 0
+        assert code == 0, server.output()
         assert status == 200, server.output()
         assert "(escalated)" not in server.output()
     finally:
+        RawHTTP.close_all()
+        server.stop()
+
+
+@pytest.mark.skipif(not DUMB_INIT.exists(), reason="dumb-init is Linux-only")
+def test_sigterm_through_dumb_init_is_not_an_escalation(record: Callable[[str], None]) -> None:
+    """dumb-init as PID 1 (its default setsid mode) forwards the SIGTERM it gets to the
+    whole process group of its child: gunicorn's worker gets it from dumb-init and again
+    from the master.  The in-flight request completes; dumb-init exits with the
+    server's status."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
+    server = ServerProcess(
+        [str(DUMB_INIT), *_gunicorn("graceful.gunicorn.UvicornWorker")],
+        env={**environment, "GRACEFUL_IDLE": "0.5"},
+    )
+    try:
+        port = int(server.wait_for_line(GUNICORN_LISTENING).group(1))
+        client = _slow_request(server, port)
+        os.kill(server.proc.pid, signal.SIGTERM)  # to dumb-init only, as the kubelet does
+        status = client.response()[0]
+        code = server.wait_exit(20)
+        record(f"in-flight request: {status}; exit {code}")
+        assert code == 0, server.output()
+        assert status == 200, server.output()
+        assert "(escalated)" not in server.output()
+    finally:
+        RawHTTP.close_all()
+        server.stop()
+
+
+PRESTOP_CASES = {
+    "uvicorn": (["examples.asgi_app:app"], RUN_LISTENING),
+    "hypercorn": (
+        ["examples.asgi_app:app", "--server", "hypercorn"],
+        r"Running on http://127\.0\.0\.1:(\d+)",
+    ),
+    "aiohttp": (["tests.integration.aiohttp_apps.app:app", "--server", "aiohttp"], RUN_LISTENING),
+}
+
+
+@pytest.mark.parametrize("server_name", PRESTOP_CASES)
+def test_sigterm_right_after_a_prestop_drain_is_not_fatal(
+    record: Callable[[str], None], server_name: str
+) -> None:
+    """The kubelet sends SIGTERM as soon as the preStop hook returned, which is when the
+    drain is done: the signal lands while the server tears down.  It must not kill the
+    process with its default action (status 143)."""
+    app_args, listening = PRESTOP_CASES[server_name]
+    server = ServerProcess(
+        [sys.executable, "-m", "graceful", "run", *app_args, "--port", "0",
+         "--policy", "refuse-immediately", "--grace-period", "10", "--prestop-path", "/prestop"],
+    )  # fmt: skip
+    try:
+        port = int(server.wait_for_line(listening).group(1))
+        prestop = RawHTTP(port)
+        prestop.send("/prestop")
+        status = prestop.response()[0]
+        server.signal(signal.SIGTERM, at_once=True)  # the kubelet's, right away
+        code = server.wait_exit(15)
+        record(f"preStop: {status}; exit {code}")
+        assert (status, code) == (200, 0), server.output()
+    finally:
+        RawHTTP.close_all()
         server.stop()
