@@ -51,7 +51,7 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "wheel", "--no-deps", "-w", "dist", ".", silent=True)
     wheel = sorted(glob.glob("dist/graceful_drain-*.whl"))[-1]
     session.install("--force-reinstall", "--no-deps", wheel)
-    session.install(f"graceful-drain[test] @ file://{os.path.abspath(wheel)}")
+    session.install(f"graceful-drain @ file://{os.path.abspath(wheel)}", "--group", "test")
     session.run("python", "-m", "pytest", *session.posargs)
 
 
@@ -76,7 +76,7 @@ def kubernetes(session: nox.Session) -> None:
     controller, kube-proxy) and the rollouts through it; root.  Builds Kubernetes once
     (tools/kube/build.sh, 9-13 min, cached); a missing control plane fails, never skips."""
     session.run("bash", "tools/kube/build.sh", external=True)
-    session.install("-e", ".[test]")
+    session.install("-e", ".", "--group", "test")
     session.run(
         "python", "-m", "pytest", "tests/kubernetes", *session.posargs,
         env={"GRACEFUL_REQUIRE_KUBERNETES": "1"},
@@ -86,7 +86,7 @@ def kubernetes(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def tests_floor(session: nox.Session) -> None:
     """The server tests against the lowest uvicorn and gunicorn the extras declare."""
-    session.install("-e", ".[test]")
+    session.install("-e", ".", "--group", "test")
     lowest = floors()
     session.install(f"uvicorn[standard]=={lowest['uvicorn']}", f"gunicorn=={lowest['gunicorn']}")
     session.run("python", "-m", "pytest", *(session.posargs or SERVER_TESTS))
@@ -107,7 +107,7 @@ def typing(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def docs(session: nox.Session) -> None:
-    session.install("-e", ".[docs]")
+    session.install("-e", ".", "--group", "docs")
     session.run("python", "tools/gen_configuration.py", "--check")  # generated pages current
     session.run("mkdocs", "build", "--strict", "--site-dir", "site")
 
@@ -120,7 +120,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    session.install("-e", ".[test]")
+    session.install("-e", ".", "--group", "test")
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
