@@ -124,13 +124,15 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 
-#: docs/img/NAME.svg <- ``graceful demo --servers SERVER`` (docs/policies.md shows them).
+#: docs/img/NAME.svg <- ``graceful demo --servers SERVER`` (docs/policies.md shows them),
+#: all on one time axis (PLOT_RANGE, seconds from SIGTERM) so that they compare.
 PLOTS = {
     "uvicorn": "uvicorn",
     "accept-until-idle": "graceful:accept-until-idle",
     "serve-until-killed": "graceful:serve-until-killed",
     "refuse-immediately": "graceful:refuse-immediately",
 }
+PLOT_RANGE = "-1.5,3.5"
 
 
 @nox.session(python="3.11")
@@ -142,5 +144,5 @@ def plots(session: nox.Session) -> None:
     for name, server in PLOTS.items():
         session.run(
             "python", "-m", "graceful", "demo", "--servers", server,
-            "--plot", f"docs/img/{name}.svg", *session.posargs,
+            "--plot", f"docs/img/{name}.svg", "--plot-range", PLOT_RANGE, *session.posargs,
         )  # fmt: skip

@@ -86,9 +86,14 @@ def _attr(opt: Any, *names: str, default: Any = None) -> Any:
 def allowed_values(opt: Any) -> str:
     """What the option accepts, in the words of its parser's error message."""
     choices = _attr(opt, "choices")
-    if choices:
-        return ", ".join(f"`{c}`" for c in choices)
     parse = _attr(opt, "parse")
+    if choices:
+        text = ", ".join(f"`{c}`" for c in choices)
+        try:  # uvicorn's --http and --loop also take import strings
+            parse("package.module:attribute")
+        except Exception:
+            return text
+        return f"{text} or an import string `module:attribute`"
     if parse is None:
         return ""
     try:
@@ -116,8 +121,14 @@ def default_text(config: Any, opt: Any) -> str:
 
 
 def option_text(opt: Any) -> str:
+    """The flag and the kind of value; the choices themselves are in the values column
+    (a ``{a,b,c}`` metavar has nowhere to wrap in a table cell)."""
     flag = _attr(opt, "flag", default="--" + opt.name.replace("_", "-"))
+    if _attr(opt, "switch"):
+        return f"`{flag}`, `--no-{flag[2:]}`"
     metavar = _attr(opt, "metavar", default="")
+    if metavar.startswith("{"):
+        metavar = "CHOICE"
     return f"`{flag} {metavar}`".replace(" `", "`")
 
 
@@ -212,6 +223,11 @@ def render() -> str:
         sys.path.pop(0)
     options = list(config.OPTIONS)
     out = [
+        "---",
+        "hide:",
+        "  - toc",  # the tables need the width
+        "---",
+        "",
         f"<!-- Generated from src/graceful/_config.py by {COMMAND}: do not edit. -->",
         "",
         "# Configuration",

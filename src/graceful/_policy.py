@@ -42,20 +42,16 @@ __all__ = (
 class Phase(enum.IntEnum):
     """The life of a server process, in order; a coordinator only ever moves forward.
 
-    ``SERVING``
-        Normal operation.
-    ``ACCEPTING``
-        Shutdown was requested; new connections are still accepted and served, the
-        readiness endpoint fails, clients may be nudged away (``Connection: close``).
-    ``DRAINING``
-        The listener is closed (connections already in the kernel's accept backlog are
-        still served); idle keep-alive connections are closed; in-flight requests finish;
-        websockets and streams are asked to end.
-    ``STOPPING``
-        The drain finished, hit its deadline, or a second shutdown request arrived:
-        remaining work is cancelled and shutdown hooks run.
-    ``STOPPED``
-        Everything is done; the process may exit.
+    * ``SERVING``: normal operation.
+    * ``ACCEPTING``: shutdown was requested; new connections are still accepted and
+      served, the readiness endpoint fails, clients may be nudged away
+      (``Connection: close``).
+    * ``DRAINING``: the listener is closed (connections already in the kernel's accept
+      backlog are still served); idle keep-alive connections are closed; in-flight
+      requests finish; websockets and streams are asked to end.
+    * ``STOPPING``: the drain finished, hit its deadline, or a second shutdown request
+      arrived: remaining work is cancelled and shutdown hooks run.
+    * ``STOPPED``: everything is done; the process may exit.
     """
 
     SERVING = 0
@@ -209,6 +205,8 @@ class ServeUntilKilled(Policy):
         _check_bool("nudge_clients", self.nudge_clients)
 
     def decide(self, inp: PolicyInput) -> Decision:
+        """Accepting ends at ``max_wait_s`` or when draining must begin to fit before the
+        kill deadline, whichever comes first; until then, serve."""
         end, why = _hard_end(inp, self.max_wait_s)
         if inp.now >= end:
             return Decision(True, why)
@@ -258,6 +256,10 @@ class AcceptUntilIdle(Policy):
             )
 
     def decide(self, inp: PolicyInput) -> Decision:
+        """Accepting ends once no new connection arrived for ``idle_s`` (counted from
+        the request, or from the endpoint removal), after at least ``min_wait_s``; at
+        the latest at ``max_wait_s`` or when draining must begin before the kill
+        deadline."""
         hard, why = _hard_end(inp, self.max_wait_s)
         if inp.now >= hard:
             return Decision(True, why)
@@ -294,6 +296,7 @@ class RefuseImmediately(Policy):
         _check_bool("nudge_clients", self.nudge_clients)
 
     def decide(self, inp: PolicyInput) -> Decision:
+        """Accepting ends at once."""
         return Decision(True, "policy refuses new connections immediately")
 
 

@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--websockets", type=int, default=0, help="websocket echo clients")
     parser.add_argument("--plot", default=None, help="write the timeline to FILE.svg or .png")
     parser.add_argument(
+        "--plot-range",
+        default=None,
+        metavar="FROM,TO",
+        help="the timeline's time axis, seconds from SIGTERM (default: the widest "
+        "panel's; give the same to plots that are to be compared)",
+    )
+    parser.add_argument(
         "--json", default=None, metavar="FILE", help="also write the outcomes to FILE as JSON"
     )
     parser.add_argument(
@@ -124,6 +131,16 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         parser.error("--kubernetes takes no --plot, --json or --websockets")
     if args.plot and not args.plot.endswith((".svg", ".png")):
         parser.error(f"--plot: must end in .svg or .png, got {args.plot!r}")
+    if args.plot_range is not None:
+        try:
+            low, high = (float(v) for v in args.plot_range.split(","))
+        except ValueError:
+            parser.error(f"--plot-range: must be FROM,TO in seconds, got {args.plot_range!r}")
+        if not -600 < low < 0 < high < 600:
+            parser.error(
+                f"--plot-range: FROM must be below 0 and TO above, got {args.plot_range!r}"
+            )
+        args.plot_range = (low, high)
     return args
 
 
@@ -156,9 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._plot import write_plot
 
         settings = (
-            f"propagation delay {args.propagation_delay:g} s, grace period "
-            f"{args.grace_period:g} s, accept-until-idle's idle window {args.idle:g} s"
+            f"propagation delay {args.propagation_delay:g} s, grace period {args.grace_period:g} s"
         )
-        write_plot(outcomes, args.plot, subtitle=settings)
+        if any(kind.policy == "accept-until-idle" for kind in args.kinds):
+            settings += f", idle window {args.idle:g} s"
+        write_plot(outcomes, args.plot, subtitle=settings, seconds=args.plot_range)
         print(f"timeline written to {args.plot}")
     return 0

@@ -51,8 +51,18 @@ def _span(outcome: Outcome) -> tuple[float, float]:
     return start, start + bins * BIN_S
 
 
+def time_range(outcomes: list[Outcome]) -> tuple[float, float]:
+    """Seconds from SIGTERM that every panel shows: the widest of them, so that panels
+    (and, given the same ``--plot-range``, plots) share one time axis."""
+    spans = [_span(o) for o in outcomes]
+    return (
+        min(s - o.sigterm_at for o, (s, _) in zip(outcomes, spans, strict=True)),
+        max(e - o.sigterm_at for o, (_, e) in zip(outcomes, spans, strict=True)),
+    )
+
+
 def _series(outcome: Outcome) -> tuple[dict[str, list[float]], list[float], float, float]:
-    """Requests/s to each backend per ``BIN_S``, failure times, the plotted span."""
+    """Requests/s to each backend per ``BIN_S`` over the load, failure times, the span."""
     tally = outcome.tally
     start, end = _span(outcome)
     bins = round((end - start) / BIN_S)
@@ -97,12 +107,20 @@ def _title(outcome: Outcome) -> str:
     return f"{outcome.kind.name}: {outcome.tally.requests} requests, {outcome.tally.failed} failed"
 
 
-def svg(outcomes: list[Outcome], *, subtitle: str = "") -> str:
+def svg(
+    outcomes: list[Outcome],
+    *,
+    subtitle: str = "",
+    seconds: tuple[float, float] | None = None,
+) -> str:
     """The timeline of each outcome, one panel each, as an SVG document.
 
-    ``subtitle`` (the scenario's settings) follows the title.
+    ``subtitle`` (the scenario's settings) follows the title; ``seconds`` is the time
+    axis, from SIGTERM (default: :func:`time_range` of ``outcomes``).
     """
-    height = TOP + PANEL * len(outcomes) + 10
+    seconds = time_range(outcomes) if seconds is None else seconds
+    panels = [_panel(o, seconds) for o in outcomes]
+    height = TOP + sum(h for _, h in panels) + 10
     title = "Rolling restart" + (f": {subtitle}" if subtitle else "")
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
@@ -113,14 +131,22 @@ def svg(outcomes: list[Outcome], *, subtitle: str = "") -> str:
         "requests; dashed: SIGTERM and A's phase changes; grey: the balancer still sends "
         "A new connections</text>",
     ]
-    for row, outcome in enumerate(outcomes):
-        out += _panel(outcome, TOP + row * PANEL)
+    y0 = TOP
+    for lines, panel_height in panels:
+        out.append(f'<g transform="translate(0 {y0})">')
+        out += lines
+        out.append("</g>")
+        y0 += panel_height
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
 
-def _panel(outcome: Outcome, y0: int) -> list[str]:
-    rates, failures, start, end = _series(outcome)
+def _panel(outcome: Outcome, seconds: tuple[float, float]) -> tuple[list[str], int]:
+    """A panel's elements (its top at 0) and its height: the plot, then the time axis,
+    then the marks' labels, each in the first row where it overlaps no other."""
+    y0 = 0
+    rates, failures, load_start, _ = _series(outcome)
+    start, end = outcome.sigterm_at + seconds[0], outcome.sigterm_at + seconds[1]
     plot_top, plot_h, width = y0 + 20, PANEL - 55, WIDTH - LEFT - RIGHT
     peak = max([max(r, default=0) for r in rates.values()] + [1.0])
 
@@ -158,9 +184,8 @@ def _panel(outcome: Outcome, y0: int) -> list[str]:
             f'<text x="{tx:.1f}" y="{bottom + 15}" text-anchor="middle" fill="#555">{label}</text>'
         )
     for backend, series in rates.items():
-        points = " ".join(
-            f"{x(start + i * BIN_S + BIN_S / 2):.1f},{y(v):.1f}" for i, v in enumerate(series)
-        )
+        centres = [(load_start + i * BIN_S + BIN_S / 2, v) for i, v in enumerate(series)]
+        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in centres if start <= t <= end)
         out.append(
             f'<polyline class="series" data-backend="{backend}" fill="none" '
             f'stroke="{COLORS[backend]}" stroke-width="1.5" points="{points}">'
@@ -172,31 +197,45 @@ def _panel(outcome: Outcome, y0: int) -> list[str]:
             f'<text x="{legend_x:.0f}" y="{y0 + 14}" fill="{COLORS[backend]}">— {label}</text>'
         )
         legend_x += LABEL_CHAR_W * (len(label) + 2) + 20
-    for t in failures:
+    for t in (t for t in failures if start <= t <= end):
         out.append(
             f'<line class="failure" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{bottom}" '
             f'y2="{bottom - 10}" stroke="red"/>'
         )
+    # The marks' labels go under the time axis, not over the series: a dotted leader
+    # from each mark down to its label, labels of close marks in rows of their own.
     marks = [(t, label) for t, label in _marks(outcome) if start <= t <= end]
     rows = _label_rows([(x(t), label) for t, label in marks])
+    labels_top = bottom + 22
     for (t, label), label_row in zip(marks, rows, strict=True):
         safe = escape(label, quote=True)
+        label_y = labels_top + LABEL_ROW_H * (label_row + 1)
         out.append(
             f'<g class="mark" data-label="{safe}" data-t="{t - outcome.sigterm_at:.3f}">'
             f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{plot_top}" y2="{bottom}" '
             'stroke="#555" stroke-dasharray="3,3"/>'
-            f'<text x="{x(t) + 2:.1f}" y="{plot_top + 11 + LABEL_ROW_H * label_row}" '
-            f'fill="#333">{escape(label)}</text></g>'
+            f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{bottom + 18}" y2="{label_y - 8}" '
+            'stroke="#bbb" stroke-dasharray="1,2"/>'
+            f'<text x="{x(t) + 2:.1f}" y="{label_y}" fill="#333">{escape(label)}</text></g>'
         )
     out.append("</g>")
-    return out
+    label_rows = max(rows, default=-1) + 1
+    return out, int(labels_top + LABEL_ROW_H * label_rows + 14)
 
 
-def write_plot(outcomes: list[Outcome], path: str, *, subtitle: str = "") -> None:
-    """Write the timeline to ``path`` (.svg by hand, .png with matplotlib)."""
+def write_plot(
+    outcomes: list[Outcome],
+    path: str,
+    *,
+    subtitle: str = "",
+    seconds: tuple[float, float] | None = None,
+) -> None:
+    """Write the timeline to ``path`` (.svg by hand, .png with matplotlib); ``seconds``
+    is the time axis from SIGTERM (default: the widest panel's)."""
+    seconds = time_range(outcomes) if seconds is None else seconds
     if path.endswith(".svg"):
         with open(path, "w", encoding="utf-8") as f:
-            f.write(svg(outcomes, subtitle=subtitle))
+            f.write(svg(outcomes, subtitle=subtitle, seconds=seconds))
         return
     try:
         import matplotlib
@@ -222,6 +261,7 @@ def write_plot(outcomes: list[Outcome], path: str, *, subtitle: str = "") -> Non
         for t, label in _marks(outcome):
             ax.axvline(t - zero, color="#555", linestyle="--", linewidth=0.8)
             ax.text(t - zero, ax.get_ylim()[1] * 0.9, label, fontsize=7)
+        ax.set_xlim(*seconds)
         ax.set_title(_title(outcome), fontsize=9)
         ax.set_ylabel("req/s")
         ax.legend(fontsize=7, loc="upper right")
