@@ -3,9 +3,11 @@ every public name, and every code block is an included example or is checked her
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
+import json
 import re
 import shlex
 from collections.abc import Iterator
@@ -178,7 +180,8 @@ def _check_graceful_run(arguments: list[str], environ: dict[str, str]) -> None:
             patch.delenv(name)
         for name, value in environ.items():
             patch.setenv(name, value)
-        _run.parse(arguments)  # raises ConfigError naming the bad option
+        with contextlib.suppress(_run.HelpShown):  # --help, --version print and stop
+            _run.parse(arguments)  # raises ConfigError naming the bad option
 
 
 def _check_gunicorn(arguments: list[str], environ: dict[str, str]) -> None:
@@ -253,3 +256,30 @@ def test_kubernetes_example_is_valid() -> None:
         container["readinessProbe"]["httpGet"]["path"] == _config.option("readiness_path").default
     )
     assert container["livenessProbe"]["httpGet"]["path"] == _config.option("liveness_path").default
+
+
+def _deployment_commands() -> Iterator[tuple[str, list[str]]]:
+    """The ``graceful run`` command of each file in examples/deploy/."""
+    deploy = ROOT / "examples" / "deploy"
+    for path in sorted(deploy.iterdir()):
+        for line in path.read_text().splitlines():
+            if not re.match(r"\s*(CMD|ExecStart=|command\s*[=:])", line):
+                continue
+            if "[" in line and '"run"' in line:  # an exec-form array
+                words = json.loads(line[line.index("[") : line.rindex("]") + 1])
+            elif "graceful run" in line:
+                words = shlex.split(line.split("=", 1)[-1])
+            else:
+                continue
+            start = next(i for i, w in enumerate(words) if w.endswith("graceful"))
+            yield path.name, words[start + 2 :]
+
+
+def test_deployment_examples_parse() -> None:
+    """The Dockerfile, systemd unit, supervisord and Compose files docs/deployment.md
+    includes: each one's ``graceful run`` command parses, with a grace period."""
+    found = {}
+    for name, arguments in _deployment_commands():
+        found[name] = _run.parse(arguments, {})
+        assert found[name].values.given("grace_period"), name
+    assert sorted(found) == ["Dockerfile", "compose.yaml", "graceful.service", "supervisord.conf"]
