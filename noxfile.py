@@ -109,7 +109,7 @@ def typing(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     session.install("-e", ".", "--group", "docs")
     session.run("python", "tools/gen_configuration.py", "--check")  # generated pages current
-    session.run("mkdocs", "build", "--strict", "--site-dir", "site")
+    session.run("zensical", "build", "--strict", "--clean", "-f", "mkdocs.yml")
 
 
 @nox.session(python="3.11")

@@ -1,7 +1,7 @@
 """graceful-drain: graceful shutdown for Python servers.
 
 ``import graceful`` needs only anyio; the server adapters are submodules
-(:mod:`graceful.asgi`, :mod:`graceful.uvicorn`, :mod:`graceful.asyncio`, …) that import
+(``graceful.asgi``, ``graceful.uvicorn``, ``graceful.asyncio``, …) that import
 their server when they are imported.
 """
 

@@ -2,7 +2,7 @@
 
 A drop-in for ``aiohttp.worker.GunicornWebWorker`` in which every worker follows the
 shutdown policy (``GRACEFUL_POLICY``, ``GRACEFUL_IDLE``, … — see ``graceful run --help``)
-through :class:`graceful.aiohttp.AppRunner`:
+through ``graceful.aiohttp.AppRunner``:
 
 * gunicorn's ``graceful_timeout`` is the kill deadline (the master SIGKILLs a worker that
   outlives it), so the drain ends ``kill_margin_s`` before it — not after aiohttp's
@@ -17,8 +17,8 @@ through :class:`graceful.aiohttp.AppRunner`:
 * the listening socket keeps gunicorn's ``--backlog`` (aiohttp's own worker re-listens
   it with 128).
 
-The app may be an :class:`aiohttp.web.Application`, or a factory (sync or async)
-returning one or a :class:`graceful.aiohttp.AppRunner` (whose coordinator is then used
+The app may be an ``aiohttp.web.Application``, or a factory (sync or async)
+returning one or a ``graceful.aiohttp.AppRunner`` (whose coordinator is then used
 as it is).
 """
 
@@ -62,7 +62,7 @@ async def _never() -> None:
 
 
 class AiohttpWorker(Worker):  # type: ignore[misc]
-    """A gunicorn worker serving an aiohttp app with a graceful :class:`AppRunner`."""
+    """A gunicorn worker serving an aiohttp app with a graceful ``AppRunner``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # in the master, before the fork
@@ -122,7 +122,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
     async def _runner(self) -> AppRunner:
         """The runner of the app: made here for an Application, with a coordinator
         configured from ``GRACEFUL_*`` and gunicorn's ``graceful_timeout``; or the
-        factory's own :class:`AppRunner` (and its coordinator)."""
+        factory's own ``AppRunner`` (and its coordinator)."""
         target: Any = self.wsgi
         if not isinstance(target, web.Application) and callable(target):
             target = target()

@@ -7,23 +7,23 @@ The same settings reach graceful in three ways: ``graceful run --idle 2``,
 command line of their own) and the defaults printed by ``--help``.  Written out three
 times they drift: a variable the gunicorn worker forgot, a ``--help`` that says
 "default None" where the policy really waits 2 s, a check that one path has and the
-other lacks.  So each option is one :class:`Option` in :data:`OPTIONS` — its name (which
+other lacks.  So each option is one ``Option`` in ``OPTIONS`` — its name (which
 gives both the flag and the variable), a parser from text to value, the default, a line
 of help and *where the value goes*: the policy, the coordinator, the middleware, uvicorn's
 ``Config`` or ``graceful run`` itself.  The argument parser, the environment reader, the
-gunicorn workers, the help text and :func:`build_server` are all generated from it, so
+gunicorn workers, the help text and ``build_server`` are all generated from it, so
 adding an option is adding one entry.
 
 uvicorn's own options (``--reload``, ``--uds``, ``--ssl-*``, …) are not declared here:
 ``graceful run`` takes them from uvicorn's command line definition (see
-:mod:`graceful._run`).  An option declared here that uvicorn has too wins over uvicorn's.
+``graceful._run``).  An option declared here that uvicorn has too wins over uvicorn's.
 
 Values are checked twice: each on its own by its parser (a wrong type, NaN, a negative or
 absurdly large number, an empty string, an unknown choice), then together by
-:func:`check`, which builds the policy, the coordinator and the middleware once — so
+``check``, which builds the policy, the coordinator and the middleware once — so
 whatever they validate is validated here, before a server or a worker starts — and adds
 the checks between options (``--grace-period`` must exceed ``--kill-margin``, the health
-endpoints need distinct paths).  Every failure is one :class:`ConfigError` line that
+endpoints need distinct paths).  Every failure is one ``ConfigError`` line that
 names the option the way the user set it: ``--idle`` or ``GRACEFUL_IDLE``.
 """
 
@@ -111,7 +111,7 @@ def _shown(text: str) -> str:
 
 
 def seconds(text: str) -> float:
-    """A finite number of seconds from 0 to :data:`MAX_SECONDS`."""
+    """A finite number of seconds from 0 to ``MAX_SECONDS``."""
     reason = f"must be a number of seconds from 0 to {MAX_SECONDS:g}, got {_shown(text)}"
     try:
         value = float(text)
@@ -254,10 +254,10 @@ class Option:
         default: The value when the option is not set.  For policy options ``None``
             means "the chosen policy's own default".
         to: Where the value goes and as which keyword argument: ``"policy"``
-            (:func:`graceful.policy_from_name`), ``"coordinator"``
-            (:class:`graceful.ShutdownCoordinator`), ``"middleware"``
-            (:class:`graceful.asgi.GracefulMiddleware`), ``"uvicorn"``
-            (:class:`uvicorn.Config`) or ``"run"`` (read by graceful itself: ``graceful
+            (``graceful.policy_from_name``), ``"coordinator"``
+            (``graceful.ShutdownCoordinator``), ``"middleware"``
+            (``graceful.asgi.GracefulMiddleware``), ``"uvicorn"``
+            (``uvicorn.Config``) or ``"run"`` (read by graceful itself: ``graceful
             run``'s own settings, the Kubernetes integration).
         metavar: The kind of value, for ``--help`` (and the tests' bad examples).
         help: One line for ``--help``.
@@ -484,7 +484,7 @@ def help_default(opt: Option) -> str:
 class Values(Mapping[str, Any]):
     """Checked option values by name, and how each was set (for messages).
 
-    ``values["idle"]``; :meth:`label` is ``"--idle"`` or ``"GRACEFUL_IDLE"``.
+    ``values["idle"]``; ``label`` is ``"--idle"`` or ``"GRACEFUL_IDLE"``.
     """
 
     __slots__ = ("_labels", "_values")
@@ -568,7 +568,7 @@ def resolve(
 
     Args:
         given: Option name to text, from the command line.
-        environ: The environment (default: :data:`os.environ`).
+        environ: The environment (default: ``os.environ``).
         overrides: Option name to ``(value, label)`` set by the host, winning over both
             (gunicorn's ``--graceful-timeout`` is the grace period).
         ignore: Options not read from the environment (settings the host owns).
@@ -633,7 +633,7 @@ def _kwargs(values: Values, target: Target) -> dict[str, Any]:
 
 
 def policy_kwargs(values: Values) -> dict[str, Any]:
-    """Keyword arguments of :func:`graceful.policy_from_name`, unset ones left out."""
+    """Keyword arguments of ``graceful.policy_from_name``, unset ones left out."""
     kwargs = _kwargs(values, "policy")
     return {k: v for k, v in kwargs.items() if v is not None}
 
@@ -655,7 +655,7 @@ def _waits_for_endpoints(values: Values) -> bool:
 
 
 def coordinator_kwargs(values: Values, **overrides: Any) -> dict[str, Any]:
-    """Keyword arguments of :class:`graceful.ShutdownCoordinator`, policy included."""
+    """Keyword arguments of ``graceful.ShutdownCoordinator``, policy included."""
     return {"policy": _policy(values), **_kwargs(values, "coordinator"), **overrides}
 
 
@@ -665,7 +665,7 @@ def build_coordinator(values: Values, **overrides: Any) -> ShutdownCoordinator:
     (``hard_exit``, …).
 
     Raises:
-        ConfigError: as :func:`check` (for values that were not checked).
+        ConfigError: as ``check`` (for values that were not checked).
     """
     with _named(values):
         coordinator = ShutdownCoordinator(**coordinator_kwargs(values, **overrides))
@@ -677,13 +677,13 @@ def build_coordinator(values: Values, **overrides: Any) -> ShutdownCoordinator:
 
 
 def middleware_kwargs(values: Values) -> dict[str, Any]:
-    """Keyword arguments of :class:`graceful.asgi.GracefulMiddleware` (and so of
-    :class:`graceful.uvicorn.Server`)."""
+    """Keyword arguments of ``graceful.asgi.GracefulMiddleware`` (and so of
+    ``graceful.uvicorn.Server``)."""
     return _kwargs(values, "middleware")
 
 
 def uvicorn_kwargs(values: Values) -> dict[str, Any]:
-    """Keyword arguments of :class:`uvicorn.Config`."""
+    """Keyword arguments of ``uvicorn.Config``."""
     return _kwargs(values, "uvicorn")
 
 
@@ -698,14 +698,14 @@ def build_server(
 
     Args:
         values: Checked values.
-        config: uvicorn's configuration (from :func:`uvicorn_kwargs`, or the gunicorn
+        config: uvicorn's configuration (from ``uvicorn_kwargs``, or the gunicorn
             worker's).
         quick_signals: Signals that stop at once (default: the server's).
         coordinator_overrides: Coordinator arguments that are not options
             (``hard_exit``, ``exit_on_third_request``, …).
 
     Raises:
-        ConfigError: as :func:`check` (for values that were not checked).
+        ConfigError: as ``check`` (for values that were not checked).
     """
     from .uvicorn import Server
 
@@ -720,7 +720,7 @@ def build_server(
 
 @contextlib.contextmanager
 def _named(values: Values) -> Iterator[None]:
-    """Turn a constructor's ValueError or TypeError into a :class:`ConfigError` whose
+    """Turn a constructor's ValueError or TypeError into a ``ConfigError`` whose
     message names options (``--idle``, ``GRACEFUL_IDLE``) instead of keyword arguments
     (``idle_s``)."""
     try:

@@ -9,11 +9,11 @@ subscribe to phase changes, close their listener at ``DRAINING`` and register *s
 steps* that cut what is left.  The coordinator is assembled from small parts, each with
 its own essay:
 
-* :mod:`graceful._tracking` — the counters and :class:`~graceful.Session`, the hot path;
-* :mod:`graceful._phases` — the pure phase/escalation table;
-* :mod:`graceful._deadlines` — the pure deadline arithmetic;
-* :mod:`graceful._hooks` — running user code bounded;
-* :mod:`graceful._signals` — one signal helper for everything;
+* ``graceful._tracking`` — the counters and ``graceful.Session``, the hot path;
+* ``graceful._phases`` — the pure phase/escalation table;
+* ``graceful._deadlines`` — the pure deadline arithmetic;
+* ``graceful._hooks`` — running user code bounded;
+* ``graceful._signals`` — one signal helper for everything;
 * this module — the thin anyio ``run()`` that ties them together.
 
 Phase changes are queued
@@ -26,8 +26,8 @@ in order.
 
 Deadlines
 ---------
-Computed once, when shutdown is first requested (see :mod:`graceful._deadlines`): the
-kill deadline from an absolute time (:meth:`ShutdownCoordinator.set_kill_deadline`, the
+Computed once, when shutdown is first requested (see ``graceful._deadlines``): the
+kill deadline from an absolute time (``ShutdownCoordinator.set_kill_deadline``, the
 pod's ``deletionTimestamp``), the grace period, or Kubernetes' default with a warning.
 Stopping has its own budget (``kill_margin_s``); hooks of earlier phases still running
 when it begins are cancelled instead of eating into it.  With ``hard_exit`` (for
@@ -100,7 +100,7 @@ Background = Callable[[], Awaitable[object]]
 @final
 @dataclass(frozen=True, slots=True)
 class ShutdownStatistics:
-    """A snapshot of a coordinator, from :meth:`ShutdownCoordinator.statistics`.
+    """A snapshot of a coordinator, from ``ShutdownCoordinator.statistics``.
 
     Attributes:
         phase: The current phase.
@@ -164,13 +164,13 @@ def _grace_from_environment() -> float | None:
 class ShutdownCoordinator(Tracking):
     """Tracks connections, requests and sessions and runs a shutdown policy.
 
-    Create one per process, hand it to the adapters (:mod:`graceful.asgi`,
-    :mod:`graceful.uvicorn`, :mod:`graceful.asyncio`, …) and run :meth:`run` in a task.
-    Methods are for the event-loop thread, except :meth:`request_shutdown`, which may be
+    Create one per process, hand it to the adapters (``graceful.asgi``,
+    ``graceful.uvicorn``, ``graceful.asyncio``, …) and run ``run`` in a task.
+    Methods are for the event-loop thread, except ``request_shutdown``, which may be
     called from any thread.
 
     Args:
-        policy: When accepting ends; defaults to :class:`AcceptUntilIdle`.
+        policy: When accepting ends; defaults to ``AcceptUntilIdle``.
         drain_timeout_s: The longest time spent draining before remaining work is
             cancelled.
         grace_period_s: Seconds from the shutdown request to the expected SIGKILL (the
@@ -282,7 +282,7 @@ class ShutdownCoordinator(Tracking):
 
     @property
     def running(self) -> bool:
-        """``True`` while :meth:`run` runs: something will carry out a shutdown request
+        """``True`` while ``run`` runs: something will carry out a shutdown request
         (a graceful server, or the application's own ``run()``)."""
         return self._running
 
@@ -375,14 +375,14 @@ class ShutdownCoordinator(Tracking):
 
         Steps cut what is left (cancel requests, close connections, run the ASGI
         lifespan shutdown); they run in registration order and share stopping's budget
-        (each bounded by ``exit_by``, see :attr:`deadlines`).
+        (each bounded by ``exit_by``, see ``deadlines``).
         """
         if not callable(step):
             raise TypeError(f"step must be callable, got {step!r}")
         self._stopping_steps.append(step)
 
     def start_background(self, task: Background) -> None:
-        """Run ``task()`` in the coordinator's task group while :meth:`run` runs.
+        """Run ``task()`` in the coordinator's task group while ``run`` runs.
 
         For watchers that report to the coordinator (the Kubernetes endpoint watcher):
         started when ``run`` starts (or at once if it already runs), cancelled when the
@@ -407,7 +407,7 @@ class ShutdownCoordinator(Tracking):
         ``ACCEPTING`` and ``DRAINING`` hooks run in registration order, in the
         background, as their phase begins, and are cancelled if still running when
         stopping begins.  ``STOPPING`` hooks run in reverse registration order (like
-        :class:`contextlib.ExitStack`) after the adapters' stopping steps.  A phase
+        ``contextlib.ExitStack``) after the adapters' stopping steps.  A phase
         skipped by an escalation skips its hooks; ``STOPPING`` hooks always run.  Each
         hook gets at most ``hook_timeout_s`` and never runs past the end of stopping;
         one that raises or times out is logged and the rest still run.  Async hooks run
@@ -499,7 +499,7 @@ class ShutdownCoordinator(Tracking):
 
     def signal_received(self, signum: int, *, quick: Collection[int] = QUICK_SIGNALS) -> None:
         """Request shutdown for a signal an adapter caught (from the event-loop thread or
-        any other, as :meth:`request_shutdown`).
+        any other, as ``request_shutdown``).
 
         ``quick`` signals stop at once.  A SIGINT while this process is in the
         foreground of its terminal is somebody's Ctrl-C: no load balancer routes to a
@@ -527,7 +527,7 @@ class ShutdownCoordinator(Tracking):
             self._notify()
 
     def expect_kill_deadline(self, source: str) -> None:
-        """Announce that a watcher will report the kill deadline (:meth:`set_kill_deadline`)
+        """Announce that a watcher will report the kill deadline (``set_kill_deadline``)
         shortly after the shutdown request, from ``source`` (``"the pod's
         deletionTimestamp"``): with no grace period configured, the default is still
         assumed until it arrives, but the log says what is awaited instead of warning."""

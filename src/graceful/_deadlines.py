@@ -4,7 +4,7 @@ Why a module of its own
 -----------------------
 Every time limit of a shutdown derives from one fact — when SIGKILL lands — and a few
 budgets.  Keeping the arithmetic here, free of clocks and I/O, lets the tests check it on
-plain numbers (like :mod:`graceful._policy`) and lets every adapter and the coordinator
+plain numbers (like ``graceful._policy``) and lets every adapter and the coordinator
 agree on one answer.  All times are floats in seconds on the coordinator's clock.
 
 The timeline of one shutdown::
@@ -14,7 +14,7 @@ The timeline of one shutdown::
                                                      │◀──────── kill_margin_s ────▶│
 
 * ``kill``: when SIGKILL lands.  Known absolutely (Kubernetes' ``deletionTimestamp``,
-  :meth:`ShutdownCoordinator.set_kill_deadline`) or as ``requested + grace_period_s``.
+  ``ShutdownCoordinator.set_kill_deadline``) or as ``requested + grace_period_s``.
   With neither, Kubernetes' default grace period (30 s) is assumed — a pod with the
   default configuration is killed then, so accepting or draining past it only loses
   work — and the coordinator warns once.
@@ -26,8 +26,8 @@ The timeline of one shutdown::
   a process that owns its exit (``hard_exit``) leaves here whatever the app is doing.
 * ``accept_by``: the latest end of accepting that leaves draining the time it needs.
   That need is *measured*: the longest recent request (requests are timed from the
-  shutdown request on, see :mod:`graceful._tracking`) times a safety factor, at least
-  :data:`MIN_DRAIN_BUDGET_S`.  It is bounded by the conservative rule that applies
+  shutdown request on, see ``graceful._tracking``) times a safety factor, at least
+  ``MIN_DRAIN_BUDGET_S``.  It is bounded by the conservative rule that applies
   before anything was measured: the drain timeout, but at most half of what is left
   before ``stop_by``.  So serve-until-killed with a 30 s grace period and 0.1 s requests
   accepts until 28 s, not 14.5 s.
@@ -93,7 +93,7 @@ def accept_by(
     longest_request_s: float | None = None,
 ) -> float:
     """The latest end of accepting that leaves draining its budget
-    (:func:`drain_budget`)."""
+    (``drain_budget``)."""
     return stop_by - drain_budget(
         longest_request_s=longest_request_s,
         drain_timeout_s=drain_timeout_s,

@@ -11,8 +11,8 @@ harness, the demo, a sidecar) can place it on its own timeline, even on another 
 
 Why an ordinary phase listener
 ------------------------------
-The writer uses only what every adapter uses — :meth:`ShutdownCoordinator.subscribe`
-and :meth:`ShutdownCoordinator.statistics` — so it cannot disagree with the log or the
+The writer uses only what every adapter uses — ``ShutdownCoordinator.subscribe``
+and ``ShutdownCoordinator.statistics`` — so it cannot disagree with the log or the
 readiness probe, and a process that does not subscribe it pays nothing.  Listeners run
 synchronously inside the transition, so the writer writes one short line and flushes at
 once: a process that exits hard right after ``stopped`` must not take its last event
@@ -44,7 +44,7 @@ PHASE_EVENT: Final = "phase"
 
 
 class TextSink(Protocol):
-    """Where events go: a text file, a pipe opened in text mode, :class:`io.StringIO`."""
+    """Where events go: a text file, a pipe opened in text mode, ``io.StringIO``."""
 
     def write(self, text: str, /) -> object: ...
 
@@ -59,7 +59,7 @@ class PhaseEvent:
     Attributes:
         phase: The phase just entered.
         reason: Why (``"SIGTERM"``, ``"idle for 1.0 s"``, …), as in the log.
-        t: Wall-clock time of the change (:func:`time.time`), seconds.
+        t: Wall-clock time of the change (``time.time``), seconds.
         pid: The process that changed phase.
         connections: Open connections at the change.
         requests: Requests in flight at the change.
@@ -82,7 +82,7 @@ class PhaseEvent:
 
 
 def parse_event(line: str | bytes) -> PhaseEvent | None:
-    """Read back one line a :func:`json_event_writer` wrote.
+    """Read back one line a ``json_event_writer`` wrote.
 
     Returns:
         The event, or ``None`` for a blank line or an event of another kind.

@@ -1,8 +1,8 @@
-"""gunicorn worker classes running :func:`graceful.hypercorn.serve`.
+"""gunicorn worker classes running ``graceful.hypercorn.serve``.
 
 ``gunicorn -k graceful.gunicorn.HypercornWorker app:app`` (asyncio), ``…HypercornUvloopWorker``
 or ``…HypercornTrioWorker``: hypercorn no longer ships gunicorn workers, so these are
-modelled on :class:`graceful.gunicorn.UvicornWorker`, and every worker follows the
+modelled on ``graceful.gunicorn.UvicornWorker``, and every worker follows the
 shutdown policy (``GRACEFUL_POLICY``, ``GRACEFUL_IDLE``, … — see ``graceful run --help``):
 
 * the worker serves gunicorn's listening sockets (TLS when gunicorn is configured for
@@ -163,12 +163,12 @@ class HypercornWorker(Worker):  # type: ignore[misc]
 
 
 class HypercornUvloopWorker(HypercornWorker):
-    """:class:`HypercornWorker` on uvloop."""
+    """``HypercornWorker`` on uvloop."""
 
     WORKER_CLASS: ClassVar[WorkerClass] = "uvloop"
 
 
 class HypercornTrioWorker(HypercornWorker):
-    """:class:`HypercornWorker` on trio."""
+    """``HypercornWorker`` on trio."""
 
     WORKER_CLASS: ClassVar[WorkerClass] = "trio"

@@ -15,11 +15,11 @@ So a connection counts from the moment the kernel handed it over:
 
 * **asyncio (selector loops, every Python we support)**: the loop calls the listening
   socket's Python-level ``accept()``, always in the same callback that creates the
-  hand-over task.  :func:`count_accepts` gives the listening socket a subclass whose
+  hand-over task.  ``count_accepts`` gives the listening socket a subclass whose
   ``accept()`` reports each socket before returning it (the object keeps its file
   descriptor; only its class changes).  No socket the loop accepts escapes the count.
   The protocol, once created, takes the count over instead of adding to it
-  (:class:`Handovers`).
+  (``Handovers``).
 * **uvloop**: libuv accepts in C and uvloop calls the protocol factory synchronously in
   the same callback, before ``connection_made`` is scheduled; so counting at protocol
   creation *is* counting at the hand-over.
@@ -33,7 +33,7 @@ Closing without resetting the backlog
 -------------------------------------
 Closing a listening socket makes the kernel reset every connection that completed its
 handshake but was not yet ``accept()``-ed: those clients already sent a request and get
-``ECONNRESET``, which is not safe to retry.  So before an :class:`asyncio.Server` is
+``ECONNRESET``, which is not safe to retry.  So before an ``asyncio.Server`` is
 closed we accept everything in the backlog through a duplicate of the listening file
 descriptor (the socket stays open while the event loop's own reader is removed), close the
 server, accept once more, and only then close the duplicate.  The accepted sockets are

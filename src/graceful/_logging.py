@@ -4,7 +4,7 @@ graceful logs to the ``graceful`` logger (and its children, ``graceful.kubernete
 An application that configured logging — a handler on ``graceful`` or on the root
 logger — decides where those lines go, and nothing here touches it.  Otherwise:
 
-* under uvicorn (``graceful run``, :mod:`graceful.uvicorn`) the lines go through
+* under uvicorn (``graceful run``, ``graceful.uvicorn``) the lines go through
   uvicorn's own handler, so they read like uvicorn's (``INFO:     serving -> …``, colours
   on a terminal, a ``--log-config`` honoured) at the ``--log-level`` given;
 * under hypercorn and aiohttp they get hypercorn's format

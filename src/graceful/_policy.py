@@ -4,8 +4,8 @@ Why this module is pure
 -----------------------
 Everything that decides *when* the server stops accepting new connections lives here,
 and nothing here does I/O or reads a clock.  A policy is a frozen value; its
-:meth:`Policy.decide` method is a function of a :class:`PolicyInput` snapshot (which
-contains ``now``) and returns a :class:`Decision`: either "stop accepting now, because …"
+``Policy.decide`` method is a function of a ``PolicyInput`` snapshot (which
+contains ``now``) and returns a ``Decision``: either "stop accepting now, because …"
 or "keep accepting and ask me again at time T".  The coordinator runs that function on
 anyio; tests run it on plain numbers, so a 30 s window takes microseconds to check and
 its edges (a connection exactly at the idle boundary, a kill deadline earlier than
@@ -13,7 +13,7 @@ its edges (a connection exactly at the idle boundary, a kill deadline earlier th
 
 Time is a float in seconds on the coordinator's clock (anyio's clock: the event loop's
 monotonic time).  Only the *kill deadline* arrives from the outside; the coordinator turns
-it into :attr:`PolicyInput.accept_deadline`, the latest moment accepting may last so that
+it into ``PolicyInput.accept_deadline``, the latest moment accepting may last so that
 draining still fits before SIGKILL.
 """
 
@@ -132,7 +132,7 @@ def _check_bool(name: str, value: object) -> bool:
 
 
 def _check_optional_seconds(name: str, value: object) -> float | None:
-    """Like :func:`_check_seconds`, but ``None`` (no limit) is allowed too."""
+    """Like ``_check_seconds``, but ``None`` (no limit) is allowed too."""
     if value is None:
         return None
     try:
@@ -354,7 +354,7 @@ def policy_from_name(
 
 
 #: What readiness answers from the shutdown request on (see ``readiness_on_shutdown`` of
-#: :class:`graceful.asgi.GracefulMiddleware`).
+#: ``graceful.asgi.GracefulMiddleware``).
 READINESS_ON_SHUTDOWN: Final = ("fail", "keep")
 
 

@@ -1,7 +1,7 @@
 """``graceful run MODULE:APP``: serve an ASGI app with graceful shutdown, no code changes.
 
 Options come from the command line, then ``GRACEFUL_*`` variables, then defaults, all
-declared once in :mod:`graceful._config`; a bad value is one line naming the option and
+declared once in ``graceful._config``; a bad value is one line naming the option and
 exit status 2, before anything starts.
 
 Ours and uvicorn's
@@ -10,14 +10,14 @@ Ours and uvicorn's
 command is built from uvicorn's own click command (``uvicorn.main.main.params``, the
 same objects, so their types, defaults, help and ``UVICORN_*`` variables are uvicorn's,
 and an option a new uvicorn adds appears by itself), and they reach
-:class:`uvicorn.Config` as ``uvicorn.main.run`` passes them.  Where both declare an
+``uvicorn.Config`` as ``uvicorn.main.run`` passes them.  Where both declare an
 option (``--host``, ``--port``, ``--workers``, ``--loop``, ``--http``, ``--log-level``,
 ``--timeout-keep-alive``) ours wins: it applies to every ``--server``, has a
 ``GRACEFUL_*`` variable and graceful's checks, and ``--workers`` is our own parent;
 uvicorn's variable for it (``UVICORN_PORT``) is still read, after ``GRACEFUL_PORT``.
 uvicorn's ``--timeout-graceful-shutdown`` is our ``--drain-timeout`` under another name.
 ``--server hypercorn`` and ``--server aiohttp`` take the uvicorn options that have a
-counterpart there (:data:`SERVER_OPTIONS`); any other given one is an error naming it
+counterpart there (``SERVER_OPTIONS``); any other given one is an error naming it
 and the server.
 
 Why ``--workers`` has a parent process, and what it promises
@@ -35,7 +35,7 @@ SIGTERM, so the parent exists to relay signals and to keep the workers honest:
   its workers running until they are stopped themselves.
 * **No signal is lost at start-up.**  The parent blocks the shutdown signals while it
   spawns a worker; the worker inherits the mask, records them
-  (:func:`graceful._signals.defer_signals`) and only then unblocks them, so a SIGTERM
+  (``graceful._signals.defer_signals``) and only then unblocks them, so a SIGTERM
   that arrives while the worker's interpreter starts or the app is imported begins the
   drain once the server is up, instead of killing the worker or being dropped.
 * **SIGTERM, SIGINT and SIGQUIT are forwarded** to every worker (a repeat too, which
@@ -216,7 +216,7 @@ HYPERCORN_SETTINGS: Final = {
 }
 
 
-#: The options of a ``--workers`` worker (see :func:`_our_params`).
+#: The options of a ``--workers`` worker (see ``_our_params``).
 _HIDDEN: Final = ("--worker-fd", "--ready-fd", "--parent-pid")
 
 
@@ -352,7 +352,7 @@ class _Command(click.Command):
 
 
 def build_command() -> click.Command:
-    """The ``graceful run`` command (values are parsed by :mod:`graceful._config`)."""
+    """The ``graceful run`` command (values are parsed by ``graceful._config``)."""
     return _Command(
         "graceful run",
         params=[*_our_params(), *_uvicorn_params()],
@@ -416,8 +416,8 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Invo
     Args:
         argv: The arguments after ``graceful run``.
         environ: Where ``GRACEFUL_*`` (and ``UVICORN_*`` for the options we share) are
-            read (default: :data:`os.environ`); uvicorn's own options read ``UVICORN_*``
-            from :data:`os.environ`, through click.
+            read (default: ``os.environ``); uvicorn's own options read ``UVICORN_*``
+            from ``os.environ``, through click.
 
     Raises:
         ConfigError: one line naming the option.
@@ -601,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _configure_logging(inv: Invocation) -> None:
-    """graceful's lines in the server's format (see :mod:`graceful._logging`): with
+    """graceful's lines in the server's format (see ``graceful._logging``): with
     uvicorn, uvicorn's logging is set up now (as its ``Config`` will again), so that
     even the lines before the server starts read like uvicorn's."""
     level = _logging.level_of(str(inv.values["log_level"]))
@@ -696,7 +696,7 @@ def _not_started(exc: BaseException) -> int:
 
 
 def uvicorn_config(inv: Invocation, **extra: Any) -> uvicorn.Config:
-    """The :class:`uvicorn.Config` of ``inv``: uvicorn's options as uvicorn's own
+    """The ``uvicorn.Config`` of ``inv``: uvicorn's options as uvicorn's own
     command passes them (``uvicorn.main.main``), then ours, then ``extra``."""
     import uvicorn
 
@@ -845,7 +845,7 @@ def _serve_hypercorn(inv: Invocation) -> int:
 
 
 def _ssl_context(inv: Invocation) -> ssl.SSLContext | None:
-    """uvicorn's ``--ssl-*`` options as an :class:`ssl.SSLContext` (aiohttp)."""
+    """uvicorn's ``--ssl-*`` options as an ``ssl.SSLContext`` (aiohttp)."""
     certfile = inv.option("ssl_certfile")
     if certfile is None:
         return None
@@ -928,7 +928,7 @@ def _die_with_parent(parent_pid: int) -> bool:
     The kernel sends the "parent death" signal each time the worker is re-parented,
     and when the parent is killed it is re-parented once per thread the parent had:
     several SIGTERMs would escalate the drain into a cut.  So the kernel sends
-    :data:`PARENT_DEATH_SIGNAL`, whose handler turns the first into one SIGTERM.
+    ``PARENT_DEATH_SIGNAL``, whose handler turns the first into one SIGTERM.
 
     Returns:
         ``False`` if the parent already died (before the request could cover it).
@@ -1059,7 +1059,7 @@ def _describe(status: int) -> str:
 @contextlib.contextmanager
 def _signals_blocked() -> Iterator[None]:
     """Block the parent's signals while a worker is spawned: the worker inherits the
-    mask and unblocks it only once it records them (see :func:`main`)."""
+    mask and unblocks it only once it records them (see ``main``)."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, PARENT_SIGNALS)
     try:
         yield

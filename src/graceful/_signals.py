@@ -6,7 +6,7 @@ asyncio keeps one handler per signal in the loop.  A library that adds its own a
 removes it also removes the host program's (``remove_signal_handler`` knows no stack) and
 leaves the signal at ``SIG_DFL`` or ignored: a host with its own SIGTERM handler would
 silently stop hearing SIGTERM once our server returned.  So every part of graceful goes
-through :func:`catch_signals`, which uses :func:`signal.signal` only:
+through ``catch_signals``, which uses ``signal.signal`` only:
 
 * the previous Python-level handlers are recorded and put back on exit, whatever they
   were (asyncio's wakeup-fd no-op, uvicorn's, the host's), so nesting leaves no trace;
@@ -18,10 +18,10 @@ through :func:`catch_signals`, which uses :func:`signal.signal` only:
 * a signal that was received but not yet delivered when the block exits is re-raised
   after the previous handlers are back (what trio's ``open_signal_receiver`` does), so
   nothing that was sent to the process is lost;
-* :func:`defer_signals` records signals that arrive *before* a server is ready — while
+* ``defer_signals`` records signals that arrive *before* a server is ready — while
   the app is imported, in the window between a ``--workers`` child's start and its
   server's handlers, in a gunicorn worker before ``run()`` — and the next
-  :func:`catch_signals` delivers them first.  A SIGTERM during start-up therefore
+  ``catch_signals`` delivers them first.  A SIGTERM during start-up therefore
   starts the shutdown once the server is up instead of killing it half-way or being
   dropped.
 
@@ -30,7 +30,7 @@ for the same signal still runs while we catch it, because asyncio dispatches the
 numbers written to its wakeup file descriptor itself, whatever the Python-level handler.
 Both hear the signal; neither loses it.
 
-Handlers can only be installed in the main thread; elsewhere :func:`catch_signals`
+Handlers can only be installed in the main thread; elsewhere ``catch_signals``
 installs nothing and the caller must use another trigger (hypercorn's
 ``shutdown_trigger`` convention).
 """
@@ -90,19 +90,19 @@ def signal_name(signum: int) -> str:
         return str(signum)
 
 
-#: The process whose terminal decides :func:`in_terminal_foreground`: this one, or a
+#: The process whose terminal decides ``in_terminal_foreground``: this one, or a
 #: ``graceful run --workers`` worker's parent (the workers have no terminal of their own).
 _terminal_pid: int | None = None
 
 
 def judge_terminal_by(pid: int | None) -> None:
-    """Let :func:`in_terminal_foreground` ask about process ``pid`` (``None``: this one)."""
+    """Let ``in_terminal_foreground`` ask about process ``pid`` (``None``: this one)."""
     global _terminal_pid
     _terminal_pid = pid
 
 
 def in_terminal_foreground() -> bool:
-    """Whether this process (or the one set by :func:`judge_terminal_by`) is in the
+    """Whether this process (or the one set by ``judge_terminal_by``) is in the
     foreground process group of its controlling terminal: a SIGINT then is somebody's
     Ctrl-C, not an orchestrator's stop.
 
@@ -141,7 +141,7 @@ def _record(signum: int, frame: FrameType | None) -> None:
 
 
 def defer_signals(signums: Iterable[int] = (*SHUTDOWN_SIGNALS, *QUICK_SIGNALS)) -> None:
-    """Keep ``signums`` for the next :func:`catch_signals` instead of acting on them now.
+    """Keep ``signums`` for the next ``catch_signals`` instead of acting on them now.
 
     For the start-up of a process that graceful owns (``graceful run``, gunicorn
     workers): call it first, before the app is imported.  Does nothing outside the main

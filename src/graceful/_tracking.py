@@ -7,7 +7,7 @@ the activity *accept until idle* watches).
 
 Measuring requests, cheaply
 ---------------------------
-How long draining needs is measured, not guessed (see :mod:`graceful._deadlines`): from
+How long draining needs is measured, not guessed (see ``graceful._deadlines``): from
 the moment shutdown is requested every request is timed (``request_started`` returns the
 start time, ``request_finished`` takes it back), and the longest of the last 32 to 64
 durations is the estimate (two windows, O(1) per request).  While serving normally the
@@ -23,9 +23,9 @@ traffic here.  But the kubelet opens a new connection for every readiness and li
 probe (every second, often), and a load balancer's health checks do the same: counted,
 they restart the idle window forever and the pod uses its whole grace period.  So an
 adapter that sees requests (the ASGI middleware, the aiohttp middleware) calls
-:meth:`Tracking.classify_connections` once, and from then on a connection opened after
+``Tracking.classify_connections`` once, and from then on a connection opened after
 the shutdown request counts as activity only when its *first* request is seen and is not
-a probe (:meth:`Tracking.first_request`; :func:`is_probe`: a health path of ours, or a
+a probe (``Tracking.first_request``; ``is_probe``: a health path of ours, or a
 ``User-Agent`` of ``kube-probe/…``).  A connection that closes without a request — a
 TCP health check — does not count either.  The activity is stamped when that first
 request arrives, a few milliseconds after its connection; a connection still waiting
@@ -38,9 +38,9 @@ A waiter (``wait_drained``, the drain loop) needs to hear when a count reaches z
 any phase.  Notifying at every zero would cost an event per request on an idle server,
 so the counters notify only while someone waits for it (``_zero_waiters > 0``).
 
-:class:`Tracking` is the base class of :class:`~graceful.ShutdownCoordinator`; the
+``Tracking`` is the base class of ``graceful.ShutdownCoordinator``; the
 coordinator's other half (phases, deadlines, the ``run`` task) lives in
-:mod:`graceful._coordinator`.
+``graceful._coordinator``.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ _WINDOW = 32  # the estimate is the longest of the last 32 to 64 samples
 
 @final
 class _RequestTracker:
-    """The reusable context manager behind :meth:`Tracking.track_request` (one per
+    """The reusable context manager behind ``Tracking.track_request`` (one per
     coordinator, so tracking a request allocates nothing)."""
 
     __slots__ = ("_c",)
@@ -103,7 +103,7 @@ class _RequestTracker:
 class Session:
     """A long-lived session (websocket, streaming response) registered with a coordinator.
 
-    Returned by :meth:`~graceful.ShutdownCoordinator.track_session`; use it as a context
+    Returned by ``graceful.ShutdownCoordinator.track_session``; use it as a context
     manager around the session.  ``on_drain`` is called once when draining begins (or at
     once if it already has) so the session can finish its current message and end.  It
     may be called from an event-loop callback rather than a task, so it must only
@@ -241,7 +241,7 @@ class Tracking:
     def request_started(self) -> float | None:
         """Count one in-flight request (for adapters that cannot use a ``with``).
 
-        Every call must be matched by one :meth:`request_finished`, given what this
+        Every call must be matched by one ``request_finished``, given what this
         returned: the start time of a request sampled for the duration estimate, else
         ``None``.
         """
@@ -249,7 +249,7 @@ class Tracking:
         return self._now() if self._timing else None
 
     def request_finished(self, started_at: float | None = None) -> None:
-        """The request counted by :meth:`request_started` ended (however it ended)."""
+        """The request counted by ``request_started`` ended (however it ended)."""
         self._requests_done += 1
         if started_at is not None:
             self._sample(self._now() - started_at)
@@ -277,12 +277,12 @@ class Tracking:
     def add_request_source(self, source: Callable[[], tuple[int, int]]) -> None:
         """Let a server count some requests itself instead of reporting each one.
 
-        For a server whose hot path does not call :meth:`request_started` while nothing
+        For a server whose hot path does not call ``request_started`` while nothing
         shuts down (graceful's uvicorn server): ``source()`` returns ``(in_flight,
         started)`` for the requests it counts itself, and the coordinator adds them to
-        its own counts (:meth:`statistics`, :attr:`drained`, the waiters).  Before the
+        its own counts (``statistics``, ``drained``, the waiters).  Before the
         coordinator's first phase change the server must report the requests still in
-        flight through :meth:`request_started`/:meth:`request_finished` and drop them
+        flight through ``request_started``/``request_finished`` and drop them
         from ``source()``: the drain counts only what was reported.
 
         Raises:
@@ -303,7 +303,7 @@ class Tracking:
         Args:
             on_drain: Called once, synchronously, when draining begins (at once if it
                 already has); it must only signal the session to end (see
-                :class:`Session`).
+                ``Session``).
         """
         return Session(self, on_drain)
 
@@ -322,7 +322,7 @@ class Tracking:
             self._last_activity_at = self._now()
 
     def connection_closed(self) -> None:
-        """Report that a connection reported by :meth:`connection_opened` closed."""
+        """Report that a connection reported by ``connection_opened`` closed."""
         self._connections -= 1
         if self._draining:
             self._closed_draining += 1
@@ -331,7 +331,7 @@ class Tracking:
 
     def classify_connections(self) -> None:
         """For adapters that see requests and report each connection's first one with
-        :meth:`first_request` from the shutdown request on: a connection opened after it
+        ``first_request`` from the shutdown request on: a connection opened after it
         then counts as activity only once its first request is seen and is not a probe
         (see "Probes are not traffic" in the module docs).  Once set, for good."""
         self._activity_from_requests = True
@@ -345,7 +345,7 @@ class Tracking:
                 (ASGI's ``scope["client"]``, aiohttp's transport); ``None`` if unknown:
                 then every request that is not a probe counts.
             probe: The request is a health, readiness, liveness or metrics request of
-                ours, or a Kubernetes probe (:func:`is_probe`).
+                ours, or a Kubernetes probe (``is_probe``).
         """
         if not self._timing or self._draining:
             return  # only accepting watches activity

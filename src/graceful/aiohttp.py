@@ -1,4 +1,4 @@
-"""aiohttp that follows a :class:`~graceful.ShutdownCoordinator`.
+"""aiohttp that follows a ``graceful.ShutdownCoordinator``.
 
 ::
 
@@ -38,21 +38,21 @@ holds the process for all of it.  Here the coordinator decides:
 
 The pieces
 ----------
-:func:`setup` installs the request side on an application: :class:`Middleware` (counts
+``setup`` installs the request side on an application: ``Middleware`` (counts
 requests and websocket sessions, nudges returned responses, closes websockets with 1001,
 answers a cut request with 503), an ``on_response_prepare`` hook (nudges responses the
 handler prepared itself: streams, file responses, ``HTTPException``), the health routes
-and :data:`DRAIN_SIGNAL_KEY`.  :class:`AppRunner` — a drop-in for
-:class:`aiohttp.web.AppRunner` — adds the connection side: it counts connections from the
+and ``DRAIN_SIGNAL_KEY``.  ``AppRunner`` — a drop-in for
+``aiohttp.web.AppRunner`` — adds the connection side: it counts connections from the
 kernel's hand-over, closes its sites' listeners at *draining* without resetting their
-backlog (:mod:`graceful._listeners`), closes idle keep-alive connections, and runs
-``on_shutdown`` and ``on_cleanup`` at the moments above.  :func:`run_app` is
-:func:`aiohttp.web.run_app` built from the two.
+backlog (``graceful._listeners``), closes idle keep-alive connections, and runs
+``on_shutdown`` and ``on_cleanup`` at the moments above.  ``run_app`` is
+``aiohttp.web.run_app`` built from the two.
 
 Reaches below aiohttp's public API
 ----------------------------------
 * ``BaseSite._server`` and ``_ssl_context``, read with ``getattr``: a site's
-  :class:`asyncio.Server`, which aiohttp exposes nowhere else (its own
+  ``asyncio.Server``, which aiohttp exposes nowhere else (its own
   ``BaseRunner.addresses`` reads it the same way); needed to count accepts and to close
   the listener keeping the backlog.
 * ``RequestHandler._waiter``, read with ``getattr``: whether a connection waits for its
@@ -60,9 +60,9 @@ Reaches below aiohttp's public API
   (``_process_keepalive``).  aiohttp's public ``RequestHandler.close()`` leaves an idle
   connection open, and its ``shutdown()`` drops the rest of a request body being
   uploaded, so neither can be used.
-* The :class:`aiohttp.web.Server` the runner creates is given a subclass that overrides
+* The ``aiohttp.web.Server`` the runner creates is given a subclass that overrides
   two *public* methods (``__call__`` and ``connection_lost``): its class is switched
-  after aiohttp built it, as :mod:`graceful._listeners` does for listening sockets,
+  after aiohttp built it, as ``graceful._listeners`` does for listening sockets,
   because ``AppRunner`` offers no way to choose the class.
 No aiohttp module or class is patched.
 """
@@ -113,7 +113,7 @@ __all__ = (
 
 logger = logging.getLogger("graceful")
 
-#: Where :func:`setup` puts the :class:`~graceful.asgi.DrainSignal`:
+#: Where ``setup`` puts the ``graceful.asgi.DrainSignal``:
 #: ``request.config_dict[DRAIN_SIGNAL_KEY]`` (also from sub-applications).
 DRAIN_SIGNAL_KEY: Final = web.AppKey("graceful.drain_signal", DrainSignal)
 
@@ -158,7 +158,7 @@ def _text(status: int, text: str) -> web.Response:
 class Middleware:
     """An aiohttp middleware that reports to and obeys a coordinator.
 
-    Prefer :func:`setup`, which also installs :meth:`on_response_prepare` (without it a
+    Prefer ``setup``, which also installs ``on_response_prepare`` (without it a
     response the handler prepared itself is not nudged) and the health routes.
 
     * HTTP requests count as in-flight requests; a returned response gets ``Connection:
@@ -166,7 +166,7 @@ class Middleware:
     * Websocket upgrades count as sessions; once draining began the app has
       ``websocket_close_grace_s`` to close by itself, then the middleware closes with
       ``WSCloseCode.GOING_AWAY`` (1001).
-    * :meth:`cut` (the :class:`AppRunner` calls it when stopping) cancels what still runs;
+    * ``cut`` (the ``AppRunner`` calls it when stopping) cancels what still runs;
       a request whose response had not started gets a 503 with ``Connection: close``,
       sent shielded and bounded, and the cancellation is re-raised.
 
@@ -188,7 +188,7 @@ class Middleware:
         if not isinstance(coordinator, ShutdownCoordinator):
             raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
         _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
-        #: ``"fail"`` or ``"keep"``: see :class:`graceful.asgi.GracefulMiddleware`.
+        #: ``"fail"`` or ``"keep"``: see ``graceful.asgi.GracefulMiddleware``.
         self.readiness_on_shutdown = _check_readiness_on_shutdown(readiness_on_shutdown)
         self.coordinator: Final = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
@@ -417,9 +417,9 @@ def setup(
 ) -> Middleware:
     """Install graceful's request side on ``app`` (before it starts).
 
-    Adds :class:`Middleware` as the outermost middleware (or reuses one already in
+    Adds ``Middleware`` as the outermost middleware (or reuses one already in
     ``app.middlewares``), its ``on_response_prepare`` hook, the health routes and
-    :data:`DRAIN_SIGNAL_KEY`.  Calling it again returns the same middleware.
+    ``DRAIN_SIGNAL_KEY``.  Calling it again returns the same middleware.
 
     Args:
         app: The (root) application.
@@ -430,12 +430,12 @@ def setup(
         prestop_path: preStop route (``None``: none, the default — anyone who can reach
             it can stop the server): requests shutdown and answers once drained, for
             Kubernetes ``lifecycle.preStop.httpGet``.
-        websocket_close_grace_s: See :class:`Middleware`.
+        websocket_close_grace_s: See ``Middleware``.
         metrics_path: Prometheus metrics route (``None``: none, the default): the
             coordinator's metrics and everything else in ``prometheus_client``'s
-            registry, see :mod:`graceful.metrics` (needs ``graceful-drain[metrics]``).
+            registry, see ``graceful.metrics`` (needs ``graceful-drain[metrics]``).
         readiness_on_shutdown: ``"fail"`` or ``"keep"``: see
-            :class:`graceful.asgi.GracefulMiddleware`.
+            ``graceful.asgi.GracefulMiddleware``.
 
     Raises:
         ValueError: if ``app`` was set up with another coordinator, or for a bad path.
@@ -508,8 +508,8 @@ def _metrics_handler(middleware: Middleware, path: str | None) -> Handler | None
 
 
 def drain_signal(request: web.BaseRequest) -> DrainSignal | None:
-    """The :class:`~graceful.asgi.DrainSignal` of ``request``'s application chain, or
-    ``None`` if :func:`setup` did not run on it."""
+    """The ``graceful.asgi.DrainSignal`` of ``request``'s application chain, or
+    ``None`` if ``setup`` did not run on it."""
     config = getattr(request, "config_dict", None)
     if config is None:
         return None
@@ -521,9 +521,9 @@ def drain_signal(request: web.BaseRequest) -> DrainSignal | None:
 
 
 class _TrackingServer(web.Server):
-    """aiohttp's protocol factory, reporting each connection to its :class:`AppRunner`.
+    """aiohttp's protocol factory, reporting each connection to its ``AppRunner``.
 
-    Only public methods of :class:`aiohttp.web.Server` are overridden: ``__call__`` (a
+    Only public methods of ``aiohttp.web.Server`` are overridden: ``__call__`` (a
     connection's protocol is created) and ``connection_lost``.  Instances are
     never constructed: the runner switches the class of the server aiohttp built.
     """
@@ -557,15 +557,15 @@ def _is_idle(handler: RequestHandler) -> bool:
 
 @final
 class AppRunner(web.AppRunner):
-    """A :class:`aiohttp.web.AppRunner` whose sites and connections follow a coordinator.
+    """A ``aiohttp.web.AppRunner`` whose sites and connections follow a coordinator.
 
     Create sites on it as usual (``web.TCPSite(runner, …)``, ``SockSite``, ``UnixSite``)
-    and run the coordinator (``await coordinator.run()``); call :meth:`cleanup` after
-    it returned.  The runner installs :func:`setup` on the application if it was not.
+    and run the coordinator (``await coordinator.run()``); call ``cleanup`` after
+    it returned.  The runner installs ``setup`` on the application if it was not.
 
     * A site's listening socket counts connections from the kernel's hand-over once the
-      runner adopted it: right away for sites made by :func:`run_app` and the gunicorn
-      worker, otherwise when shutdown is requested (call :meth:`adopt_sites` after
+      runner adopted it: right away for sites made by ``run_app`` and the gunicorn
+      worker, otherwise when shutdown is requested (call ``adopt_sites`` after
       starting your sites to count from the start).
     * At *draining* the listeners close without resetting their backlog, ``on_shutdown``
       runs (a ``DRAINING`` hook of the coordinator, bounded by ``hook_timeout_s``), and
@@ -580,15 +580,15 @@ class AppRunner(web.AppRunner):
             progress (idle keep-alive, or accepted but silent) may still send one; it
             is answered with ``Connection: close``.  Connections accepted later get the
             same window from their arrival.
-        readiness_path: Passed to :func:`setup` if the application was not set up yet.
-        liveness_path: Passed to :func:`setup` if the application was not set up yet.
-        prestop_path: Passed to :func:`setup` if the application was not set up yet.
-        websocket_close_grace_s: Passed to :func:`setup` if the application was not set up yet.
-        metrics_path: Passed to :func:`setup` if the application was not set up yet.
-        readiness_on_shutdown: Passed to :func:`setup` if the application was not set up
+        readiness_path: Passed to ``setup`` if the application was not set up yet.
+        liveness_path: Passed to ``setup`` if the application was not set up yet.
+        prestop_path: Passed to ``setup`` if the application was not set up yet.
+        websocket_close_grace_s: Passed to ``setup`` if the application was not set up yet.
+        metrics_path: Passed to ``setup`` if the application was not set up yet.
+        readiness_on_shutdown: Passed to ``setup`` if the application was not set up
             yet.
-        kwargs: :class:`aiohttp.web.AppRunner`'s (``access_log``, ``keepalive_timeout``,
-            ``shutdown_timeout`` — which bounds only :meth:`cleanup` of what the
+        kwargs: ``aiohttp.web.AppRunner``'s (``access_log``, ``keepalive_timeout``,
+            ``shutdown_timeout`` — which bounds only ``cleanup`` of what the
             coordinator left, …).  ``handle_signals`` must stay ``False``: signals go to
             the coordinator.
     """
@@ -731,7 +731,7 @@ class AppRunner(web.AppRunner):
         await self.app.shutdown()
 
     async def shutdown(self) -> None:
-        """``on_shutdown`` (aiohttp's :meth:`cleanup` calls it), unless it ran already."""
+        """``on_shutdown`` (aiohttp's ``cleanup`` calls it), unless it ran already."""
         if not self._shutdown_started:
             self._shutdown_started = True
             await super().shutdown()
@@ -801,7 +801,7 @@ def _make_sites(
     reuse_address: bool | None,
     reuse_port: bool | None,
 ) -> list[web.BaseSite]:
-    """The sites :func:`aiohttp.web.run_app` would make for these arguments."""
+    """The sites ``aiohttp.web.run_app`` would make for these arguments."""
     sites: list[web.BaseSite] = []
     tcp = {
         "ssl_context": ssl_context,
@@ -908,7 +908,7 @@ def run_app(
     readiness_on_shutdown: str = "fail",
     **kwargs: Any,
 ) -> None:
-    """Like :func:`aiohttp.web.run_app`, with graceful shutdown.
+    """Like ``aiohttp.web.run_app``, with graceful shutdown.
 
     The parameters are aiohttp's, except:
 
@@ -922,14 +922,14 @@ def run_app(
             escalates), SIGQUIT stops at once; the previous handlers are restored on
             return.  ``False``: shutdown only through the coordinator's API (or the
             preStop route).
-        idle_grace_s: See :class:`AppRunner`.
-        readiness_path: See :func:`setup`.
-        liveness_path: See :func:`setup`.
-        prestop_path: See :func:`setup`.
-        websocket_close_grace_s: See :func:`setup`.
-        metrics_path: See :func:`setup`.
-        readiness_on_shutdown: See :func:`setup`.
-        kwargs: Passed to the :class:`AppRunner` (and on to aiohttp's request handler).
+        idle_grace_s: See ``AppRunner``.
+        readiness_path: See ``setup``.
+        liveness_path: See ``setup``.
+        prestop_path: See ``setup``.
+        websocket_close_grace_s: See ``setup``.
+        metrics_path: See ``setup``.
+        readiness_on_shutdown: See ``setup``.
+        kwargs: Passed to the ``AppRunner`` (and on to aiohttp's request handler).
 
     graceful's own lines (the policy, the phases) go to standard error unless the
     application configured logging (a handler on the ``graceful`` or the root logger).
@@ -1008,10 +1008,10 @@ def run_app(
 
 
 def load_app(target: str) -> web.Application | Awaitable[web.Application]:
-    """Import ``MODULE:APP``: an :class:`aiohttp.web.Application`, or a factory (sync or
+    """Import ``MODULE:APP``: an ``aiohttp.web.Application``, or a factory (sync or
     async, without arguments) returning one.
 
-    A factory is called here; an async one's coroutine is returned for :func:`run_app`
+    A factory is called here; an async one's coroutine is returned for ``run_app``
     to await in its event loop.
 
     Raises:
@@ -1039,6 +1039,6 @@ def load_app(target: str) -> web.Application | Awaitable[web.Application]:
 
 
 def serve_target(target: str, **options: Any) -> None:
-    """Import ``MODULE:APP`` (see :func:`load_app`) and serve it with :func:`run_app`
+    """Import ``MODULE:APP`` (see ``load_app``) and serve it with ``run_app``
     (``options`` are its keyword arguments)."""
     run_app(load_app(target), **options)

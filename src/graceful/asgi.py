@@ -23,8 +23,8 @@ What it does per scope type
     Passed through; readiness answers 503 until startup completed (when the server runs
     lifespan at all).
 
-Streaming handlers (SSE, long polls) find a :class:`DrainSignal` in
-``scope["extensions"]["graceful"]`` (or via :func:`drain_signal`) to learn that draining
+Streaming handlers (SSE, long polls) find a ``DrainSignal`` in
+``scope["extensions"]["graceful"]`` (or via ``drain_signal``) to learn that draining
 began and how long is left, so they can end the stream cleanly.
 
 Health endpoints (configurable paths, ``None`` disables one):
@@ -32,7 +32,7 @@ Health endpoints (configurable paths, ``None`` disables one):
 * readiness (default ``/readyz``): 200 while serving, 503 from the moment shutdown is
   requested — health-checking load balancers deprogram the backend;
 * liveness (default ``/livez``): 200 until stopped;
-* metrics (default off, e.g. ``/metrics``): Prometheus metrics, see :mod:`graceful.metrics`;
+* metrics (default off, e.g. ``/metrics``): Prometheus metrics, see ``graceful.metrics``;
 * preStop (default off, e.g. ``/prestop``): requests shutdown and answers only once the
   drain is done (or at the drain deadline), for Kubernetes ``lifecycle.preStop.httpGet``.
   It is off by default because anyone who can reach it can stop the server: expose it
@@ -119,7 +119,7 @@ class DrainSignal:
 
 
 def drain_signal(scope: Scope) -> DrainSignal | None:
-    """Return the :class:`DrainSignal` of the request, or ``None`` outside the middleware."""
+    """Return the ``DrainSignal`` of the request, or ``None`` outside the middleware."""
     extensions = scope.get("extensions") or {}
     signal = extensions.get("graceful")
     return signal if isinstance(signal, DrainSignal) else None
@@ -133,7 +133,7 @@ def _check_path(name: str, value: str | None) -> str | None:
 
 @final
 class GracefulMiddleware:
-    """ASGI middleware that reports to and obeys a :class:`~graceful.ShutdownCoordinator`.
+    """ASGI middleware that reports to and obeys a ``graceful.ShutdownCoordinator``.
 
     Args:
         app: The ASGI application.
@@ -142,8 +142,8 @@ class GracefulMiddleware:
         liveness_path: Liveness endpoint (``None``: none).
         prestop_path: preStop endpoint (``None``: none; see the module docs).
         metrics_path: Prometheus metrics endpoint (``None``: none), served by
-            :func:`graceful.metrics.asgi_app` from the default registry (needs the
-            ``metrics`` extra, ``prometheus-client``; see :mod:`graceful.metrics`).
+            ``graceful.metrics.asgi_app`` from the default registry (needs the
+            ``metrics`` extra, ``prometheus-client``; see ``graceful.metrics``).
         websocket_close_grace_s: How long a websocket may stay open after draining began
             before the middleware closes it with code 1001.
         readiness_on_shutdown: ``"fail"``: readiness answers 503 from the shutdown
@@ -194,7 +194,7 @@ class GracefulMiddleware:
         #: The handler of each health (and metrics) path (read-only; servers that take
         #: over the HTTP hot path send these paths to the middleware).
         self.health_endpoints: Final = self._health
-        #: The :class:`DrainSignal` put in every request's scope.
+        #: The ``DrainSignal`` put in every request's scope.
         self.drain_signal: Final = self._signal
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished

@@ -1,6 +1,6 @@
-"""Raw :mod:`asyncio` servers that follow a :class:`~graceful.ShutdownCoordinator`.
+"""Raw ``asyncio`` servers that follow a ``graceful.ShutdownCoordinator``.
 
-Drop-ins for :func:`asyncio.start_server` and :meth:`asyncio.loop.create_server`::
+Drop-ins for ``asyncio.start_server`` and ``asyncio.loop.create_server``::
 
     coordinator = graceful.ShutdownCoordinator()
     server = await graceful.asyncio.start_server(handle, "127.0.0.1", 8000,
@@ -27,9 +27,9 @@ Why connections are tracked here
 module tracks transports itself (one wrapper protocol per connection) and never relies on
 ``wait_closed``: behaviour is the same on every version and loop.
 
-Handlers learn that draining began through :attr:`GracefulServer.draining` (an
-:class:`asyncio.Event`), :attr:`GracefulServer.is_draining`, and
-:meth:`GracefulServer.unless_draining`, which waits for the next message only while the
+Handlers learn that draining began through ``GracefulServer.draining`` (an
+``asyncio.Event``), ``GracefulServer.is_draining``, and
+``GracefulServer.unless_draining``, which waits for the next message only while the
 server is not draining.  Protocols may define ``drain_requested()``; it is called once
 when draining begins.  At *stopping* the remaining transports are closed.
 """
@@ -131,7 +131,7 @@ class _TrackingBuffered(_Tracking, asyncio.BufferedProtocol):
 
 @final
 class Messages(AsyncIterator[T]):
-    """Per-connection message reader from :meth:`GracefulServer.messages`."""
+    """Per-connection message reader from ``GracefulServer.messages``."""
 
     __slots__ = ("_first", "_read", "_server")
 
@@ -153,7 +153,7 @@ class Messages(AsyncIterator[T]):
 
 @final
 class GracefulServer:
-    """An :class:`asyncio.Server` that obeys a coordinator; see the module docs.
+    """An ``asyncio.Server`` that obeys a coordinator; see the module docs.
 
     Use it as an async context manager around ``await coordinator.run()``: on exit any
     connection still open is aborted.
@@ -309,7 +309,7 @@ class GracefulServer:
     async def wait_closed(self, *, timeout_s: float | None = None) -> bool:
         """Wait until every connection of this server is closed.
 
-        Unlike :meth:`asyncio.Server.wait_closed` this behaves the same on every Python
+        Unlike ``asyncio.Server.wait_closed`` this behaves the same on every Python
         version and on uvloop.
 
         Returns:
@@ -352,7 +352,7 @@ async def create_server(
     coordinator: ShutdownCoordinator,
     **kwargs: Any,
 ) -> GracefulServer:
-    """Like :meth:`asyncio.loop.create_server`, following ``coordinator``'s phases.
+    """Like ``asyncio.loop.create_server``, following ``coordinator``'s phases.
 
     Extra keyword arguments go to ``loop.create_server`` unchanged (``sock``,
     ``reuse_port``, ``backlog``, ``ssl``, …).
@@ -374,7 +374,7 @@ async def start_server(
     limit: int = 2**16,
     **kwargs: Any,
 ) -> GracefulServer:
-    """Like :func:`asyncio.start_server`, following ``coordinator``'s phases."""
+    """Like ``asyncio.start_server``, following ``coordinator``'s phases."""
     loop = asyncio.get_running_loop()
 
     def factory() -> asyncio.StreamReaderProtocol:

@@ -7,7 +7,7 @@ shutdown policy, configured with the ``GRACEFUL_*`` variables of ``graceful run`
 gunicorn's own options):
 
 * the variables are checked once, in the master, at start-up (gunicorn calls
-  :meth:`UvicornWorker.check_config` there): a bad value stops gunicorn with one line
+  ``UvicornWorker.check_config`` there): a bad value stops gunicorn with one line
   instead of making every worker fail after it booted, to be respawned forever;
 * gunicorn's ``graceful_timeout`` is the kill deadline: the master SIGKILLs a worker that
   outlives it, so each worker's drain ends ``GRACEFUL_KILL_MARGIN`` (1 s) before it.  A
@@ -116,7 +116,7 @@ def _run_in_new_loop(main: Coroutine[Any, Any, None], loop_factory: LoopFactory 
 
 
 class UvicornWorker(Worker):  # type: ignore[misc]
-    """A gunicorn worker running a graceful :class:`graceful.uvicorn.Server`."""
+    """A gunicorn worker running a graceful ``graceful.uvicorn.Server``."""
 
     CONFIG_KWARGS: ClassVar[dict[str, Any]] = {"loop": "auto", "http": "auto"}
 
@@ -211,6 +211,6 @@ class UvicornWorker(Worker):  # type: ignore[misc]
 
 
 class UvicornH11Worker(UvicornWorker):
-    """:class:`UvicornWorker` with the pure-Python h11 parser and the asyncio loop."""
+    """``UvicornWorker`` with the pure-Python h11 parser and the asyncio loop."""
 
     CONFIG_KWARGS: ClassVar[dict[str, Any]] = {"loop": "asyncio", "http": "h11"}

@@ -1,4 +1,4 @@
-"""hypercorn that follows a :class:`~graceful.ShutdownCoordinator`, on asyncio, uvloop and trio.
+"""hypercorn that follows a ``graceful.ShutdownCoordinator``, on asyncio, uvloop and trio.
 
 ::
 
@@ -66,7 +66,7 @@ Three narrower reaches, each needed for one behaviour:
 * **HTTP/2** — the ``H2Protocol`` behind a connection (``tcp_server.protocol.protocol``)
   and its public ``connection`` (the ``h2`` state machine), ``streams`` and
   ``stream_buffers``.
-* **Listening sockets** (asyncio) — :mod:`graceful._listeners` counts accepts on
+* **Listening sockets** (asyncio) — ``graceful._listeners`` counts accepts on
   ``asyncio.Server``'s socket list and removes the loop's reader before closing; see
   its essay.  On trio this module runs its own accept loop on the stdlib sockets
   (``trio.lowlevel.wait_readable`` then ``accept()``), so a connection counts in the
@@ -112,7 +112,7 @@ Signals
 -------
 Without a ``shutdown_trigger``, SIGTERM and SIGINT request shutdown (a second one
 escalates), SIGQUIT stops at once; handlers are installed with
-:func:`graceful._signals.catch_signals` (``signal.signal``, previous handlers restored),
+``graceful._signals.catch_signals`` (``signal.signal``, previous handlers restored),
 and signals that arrive before the listeners are up are kept until they are.  With a
 ``shutdown_trigger`` (hypercorn's convention) no handler is installed and the trigger
 starts the shutdown.
@@ -161,7 +161,7 @@ __all__ = ("run", "serve")
 
 logger = logging.getLogger("graceful")
 
-#: The signals :func:`serve` handles when it is given no ``shutdown_trigger``.
+#: The signals ``serve`` handles when it is given no ``shutdown_trigger``.
 HANDLED_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, *QUICK_SIGNALS)
 
 WorkerClass = Literal["asyncio", "uvloop", "trio"]
@@ -176,7 +176,7 @@ _FLUSH_POLLS: Final = 100  # wait at most this many times 10 ms for END_STREAMs 
 
 @final
 class _GracefulApp:
-    """hypercorn's app wrapper (ASGI or WSGI) behind :class:`GracefulMiddleware`.
+    """hypercorn's app wrapper (ASGI or WSGI) behind ``GracefulMiddleware``.
 
     hypercorn calls apps with two extra arguments (``sync_spawn``, ``call_soon``) that
     differ per connection; the middleware speaks plain ASGI.  The extras travel through
@@ -384,7 +384,7 @@ class _Worker:
     @contextlib.contextmanager
     def _capture_signals(self) -> Iterator[bool]:
         """Keep SIGINT/SIGTERM/SIGQUIT for later while starting (lifespan, binding);
-        :meth:`serve` delivers them once listening.  Restores the handlers found."""
+        ``serve`` delivers them once listening.  Restores the handlers found."""
         if self._trigger is not None or threading.current_thread() is not threading.main_thread():
             yield False
             return
@@ -1117,8 +1117,8 @@ async def serve(
             ``graceful_timeout`` and ``workers`` are not used: the coordinator's
             deadlines bound the drain, and this serves one process.
         coordinator: The process's coordinator (a new one with the default policy if
-            omitted).  Its :meth:`~graceful.ShutdownCoordinator.run` is run here.
-        wrap_app: Wrap the app in :class:`~graceful.asgi.GracefulMiddleware`.  Pass
+            omitted).  Its ``graceful.ShutdownCoordinator.run`` is run here.
+        wrap_app: Wrap the app in ``graceful.asgi.GracefulMiddleware``.  Pass
             ``False`` if you added it yourself (with the same coordinator).
         shutdown_trigger: hypercorn's convention: when the awaitable it returns
             completes, shutdown is requested.  Without one, SIGTERM and SIGINT request
@@ -1174,7 +1174,7 @@ def run(
     policy: Policy | None = None,
     **kwargs: Any,
 ) -> None:
-    """Run :func:`serve` in a new event loop (like ``hypercorn``'s command, one process).
+    """Run ``serve`` in a new event loop (like ``hypercorn``'s command, one process).
 
     Args:
         app: An ASGI or WSGI app, or ``"module:app"``.
@@ -1183,7 +1183,7 @@ def run(
             ``config.worker_class``).
         coordinator: The coordinator (default: a new one with ``policy``).
         policy: The shutdown policy of a new coordinator.
-        kwargs: Passed to :func:`serve`.
+        kwargs: Passed to ``serve``.
     """
     if coordinator is not None and policy is not None:
         raise ValueError("pass either coordinator= or policy=, not both")

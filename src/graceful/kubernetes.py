@@ -4,7 +4,7 @@ A pod does not have to guess.  The API server knows when SIGKILL lands — the p
 ``metadata.deletionTimestamp`` is the deletion time plus the grace period, preStop time
 included — and when the pod stopped being a target for new traffic — its endpoint in
 every EndpointSlice that lists it turns ``ready=false`` (KEP-1672) or disappears.
-:class:`Kubernetes` reads both and tells the coordinator::
+``Kubernetes`` reads both and tells the coordinator::
 
     coordinator = graceful.ShutdownCoordinator(
         policy=graceful.AcceptUntilIdle(idle_s=2, wait_for_endpoint_removal=True)
@@ -21,7 +21,7 @@ What it does, and when
   that it may read it (and list EndpointSlices, if the policy waits for them).  A
   problem is one warning now, not a surprise at shutdown.
 * **At the shutdown request** it reads the pod.  With a ``deletionTimestamp`` that is the
-  kill deadline (:meth:`~graceful.ShutdownCoordinator.set_kill_deadline`): bounded above
+  kill deadline (``graceful.ShutdownCoordinator.set_kill_deadline``): bounded above
   by the shutdown request plus the pod's ``deletionGracePeriodSeconds`` (the kubelet's
   timer started before our SIGTERM, so SIGKILL cannot come later than that on the
   node's clock) and moved earlier by ``clock_skew_s`` (an API server whose clock runs
@@ -34,7 +34,7 @@ What it does, and when
   (a fresh list after ``410 Gone``; reconnects with a bounded backoff, never a tight
   poll).  Once every slice that lists the pod — by ``targetRef``, else by the pod's IP —
   shows it not ready, or dropped it, it calls
-  :meth:`~graceful.ShutdownCoordinator.notify_endpoint_removed` and accept-until-idle
+  ``graceful.ShutdownCoordinator.notify_endpoint_removed`` and accept-until-idle
   starts its idle window.  A pod that no slice lists (no Service selects it) is
   reported removed at once.
 
@@ -217,7 +217,7 @@ def read_kill_deadline(
     api_timeout_s: float = 5.0,
 ) -> tuple[float, str] | None:
     """Read the own pod now (blocking, at most about ``api_timeout_s``) and return
-    :func:`kill_deadline` of it, or ``None`` when the pod has no deadline to give or
+    ``kill_deadline`` of it, or ``None`` when the pod has no deadline to give or
     cannot be read (logged).  For a process without an event loop: the ``graceful run
     --workers`` parent, which must not SIGKILL its workers before the pod's own deadline.
     """
@@ -243,7 +243,7 @@ def read_kill_deadline(
 def _pod_deadline(
     pod: Any, requested_at_s: float, grace_period_known: bool, clock_skew_s: float
 ) -> tuple[float, str] | None:
-    """:func:`kill_deadline` of a lightkube ``Pod``."""
+    """``kill_deadline`` of a lightkube ``Pod``."""
     meta, spec = pod.metadata, pod.spec
     return kill_deadline(
         deletion_timestamp_s=_timestamp(meta.deletionTimestamp),
@@ -288,7 +288,7 @@ def _lists_pod(endpoint: Mapping[str, Any], pod_name: str, pod_ip: str | None) -
 def endpoint_state(
     slices: Mapping[str, Mapping[str, Any]], *, pod_name: str, pod_ip: str | None
 ) -> EndpointState:
-    """The pod's :class:`EndpointState` in ``slices`` (EndpointSlice objects as dicts,
+    """The pod's ``EndpointState`` in ``slices`` (EndpointSlice objects as dicts,
     by name), matched by ``targetRef`` (kind ``Pod``), else by address."""
     listed = ready = 0
     for item in slices.values():
@@ -312,8 +312,8 @@ class Kubernetes:
     """Reads the pod's kill deadline and endpoint state for a coordinator.
 
     Args:
-        pod_name: The pod's name (default: see :func:`pod_identity`).
-        namespace: Its namespace (default: see :func:`pod_identity`, else the client's).
+        pod_name: The pod's name (default: see ``pod_identity``).
+        namespace: Its namespace (default: see ``pod_identity``, else the client's).
         clock_skew_s: How far the API server's clock may run ahead of this node's; the
             deadline from ``deletionTimestamp`` is moved this much earlier.
         api_timeout_s: The longest one API call may take, and the longest the endpoint
@@ -369,7 +369,7 @@ class Kubernetes:
         """Report to ``coordinator``: its kill deadline from the pod and, if its policy
         is ``AcceptUntilIdle(wait_for_endpoint_removal=True)``, the endpoint removal.
 
-        Starts with the coordinator's :meth:`~graceful.ShutdownCoordinator.run` and
+        Starts with the coordinator's ``graceful.ShutdownCoordinator.run`` and
         stops with it.
         """
         if self._coordinator is not None:

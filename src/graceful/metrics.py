@@ -1,4 +1,4 @@
-"""Prometheus metrics of a :class:`~graceful.ShutdownCoordinator` (``graceful-drain[metrics]``).
+"""Prometheus metrics of a ``graceful.ShutdownCoordinator`` (``graceful-drain[metrics]``).
 
 ::
 
@@ -13,7 +13,7 @@ starts with ``graceful_``; ``docs/metrics.md`` says what each one means.
 Why a collector, and why not in multiprocess mode
 -------------------------------------------------
 The coordinator already counts everything on the hot path, and
-:meth:`~graceful.ShutdownCoordinator.statistics` returns a snapshot of it.  So in a single
+``graceful.ShutdownCoordinator.statistics`` returns a snapshot of it.  So in a single
 process nothing is counted twice: a custom collector reads one snapshot per scrape and
 turns it into metric families.  ``statistics()`` reads the event loop's clock, so it runs
 on the event-loop thread; a scrape from another thread (``prometheus_client``'s own
@@ -26,8 +26,8 @@ multiprocess metrics — gauges with a ``multiprocess_mode``, counters, a histog
 refreshed from ``statistics()`` at every phase change, every ``refresh_interval_s`` while
 the coordinator runs and, in the scraped process, right before the scrape.  A process
 that reaches ``STOPPED`` removes its own live gauges
-(:func:`prometheus_client.multiprocess.mark_process_dead`); one that was killed needs its
-parent to do it (:func:`mark_process_dead`, gunicorn's ``child_exit`` hook).
+(``prometheus_client.multiprocess.mark_process_dead``); one that was killed needs its
+parent to do it (``mark_process_dead``, gunicorn's ``child_exit`` hook).
 """
 
 from __future__ import annotations
@@ -428,13 +428,13 @@ def register(
 ) -> Collector:
     """Make ``coordinator``'s metrics scrapeable; idempotent.
 
-    Single process: a collector that reads :meth:`~graceful.ShutdownCoordinator.statistics`
-    at scrape time is added to ``registry`` (default :data:`prometheus_client.REGISTRY`)
+    Single process: a collector that reads ``graceful.ShutdownCoordinator.statistics``
+    at scrape time is added to ``registry`` (default ``prometheus_client.REGISTRY``)
     and returned.
 
     Multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set): this process writes its metrics
     to the directory — at every phase change and every ``refresh_interval_s`` while the
-    coordinator runs — and a :class:`~prometheus_client.multiprocess.MultiProcessCollector`
+    coordinator runs — and a ``prometheus_client.multiprocess.MultiProcessCollector``
     of the directory (every process's metrics, graceful's and yours) is returned.  It is
     added to ``registry`` only if one is given: the default registry holds per-process
     metrics that ``prometheus_client`` advises not to mix in.
@@ -450,7 +450,7 @@ def register(
         ValueError: if ``registry`` already has the metrics of another coordinator, or
             ``PROMETHEUS_MULTIPROC_DIR`` names no directory.
         RuntimeError: if ``PROMETHEUS_MULTIPROC_DIR`` was set too late (see
-            :func:`multiprocess_mode`).
+            ``multiprocess_mode``).
     """
     coordinator = _check_coordinator(coordinator)
     registry = _check_registry(registry)
@@ -481,8 +481,8 @@ def register(
 
 def unregister(registry: CollectorRegistry | None = None) -> None:
     """Remove graceful's single-process collector from ``registry`` (default
-    :data:`prometheus_client.REGISTRY`), so that another coordinator can
-    :func:`register` there (a test, a program that replaces its coordinator).  Does
+    ``prometheus_client.REGISTRY``), so that another coordinator can
+    ``register`` there (a test, a program that replaces its coordinator).  Does
     nothing if there is none.
     """
     target = REGISTRY if registry is None else _check_registry(registry)
@@ -528,12 +528,12 @@ class Exposition:
 
     Args:
         coordinator: The process's coordinator.
-        registry: What to render.  ``None``: :data:`prometheus_client.REGISTRY` with
+        registry: What to render.  ``None``: ``prometheus_client.REGISTRY`` with
             graceful's collector in a single process; in multiprocess mode a registry of
             its own with a
-            :class:`~prometheus_client.multiprocess.MultiProcessCollector` (every
-            process's metrics).  A registry you pass gets :func:`register` applied.
-        refresh_interval_s: See :func:`register`.
+            ``prometheus_client.multiprocess.MultiProcessCollector`` (every
+            process's metrics).  A registry you pass gets ``register`` applied.
+        refresh_interval_s: See ``register``.
     """
 
     def __init__(
@@ -584,7 +584,7 @@ def asgi_app(
     """An ASGI app that serves the metrics (``GET``/``HEAD`` of any path it is given).
 
     ``GracefulMiddleware(metrics_path=…)`` hands it the requests of its metrics path;
-    mount it in your own router otherwise.  See :class:`Exposition` for ``registry``.
+    mount it in your own router otherwise.  See ``Exposition`` for ``registry``.
     """
     exposition = Exposition(coordinator, registry, refresh_interval_s=refresh_interval_s)
 

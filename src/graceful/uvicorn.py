@@ -1,4 +1,4 @@
-"""uvicorn that follows a :class:`~graceful.ShutdownCoordinator`.
+"""uvicorn that follows a ``graceful.ShutdownCoordinator``.
 
 ::
 
@@ -12,7 +12,7 @@ What changes against stock uvicorn
 ----------------------------------
 Stock uvicorn, at SIGTERM, closes its listener at once (connections in the accept backlog
 are reset), closes idle keep-alive connections, waits for the rest and then runs lifespan
-shutdown.  :class:`Server` instead hands the signal to the coordinator and follows its
+shutdown.  ``Server`` instead hands the signal to the coordinator and follows its
 phases:
 
 * *accepting*: the listener stays open, new connections count as activity, responses
@@ -35,9 +35,9 @@ The hot path
 ------------
 With uvicorn's ``httptools`` protocol (what ``uvicorn[standard]`` picks), a request
 served while nothing shuts down does not go through the middleware at all: the protocol
-class hands it straight to the app with the :class:`~graceful.asgi.DrainSignal` in its
+class hands it straight to the app with the ``graceful.asgi.DrainSignal`` in its
 scope, and counts it in one integer (the coordinator reads uvicorn's connections for the
-requests in flight: :meth:`~graceful.ShutdownCoordinator.add_request_source`).  At the
+requests in flight: ``graceful.ShutdownCoordinator.add_request_source``).  At the
 shutdown request the server *adopts* the requests in flight — each is reported to the
 coordinator from then on and its task's end reports its end — and every request that
 starts later takes the middleware's full path (counted, timed, nudged).  When nudging
@@ -53,7 +53,7 @@ while nothing shuts down (and removed from it at the shutdown request).  Where u
 method is the one of 0.50 to 0.54 — a test tells when an installed uvicorn changes it —
 its three lines (start the task, hold it in the server's task set) are inlined rather
 than called; with ``--reset-contextvars`` or another uvicorn it is called.  The protocol
-subclasses add no attribute to their instances (see :func:`_tracking_class`).
+subclasses add no attribute to their instances (see ``_tracking_class``).
 
 Signals: SIGTERM and SIGINT request shutdown (a second one escalates, a third exits at
 once), SIGQUIT stops at once.  uvicorn re-raises captured signals after shutdown so that
@@ -101,7 +101,7 @@ def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[An
 
     HTTP protocols (``counts``) count their connection when they are *created* — on
     uvloop that is the kernel hand-over itself; on asyncio it takes over the count the
-    listening socket's ``accept()`` already made (see :mod:`graceful._listeners`).
+    listening socket's ``accept()`` already made (see ``graceful._listeners``).
     A websocket upgrade hands the transport from the HTTP protocol to a websocket
     protocol without calling the HTTP protocol's ``connection_lost``, so connections
     are closed per transport: whichever protocol holds it last reports the close.
@@ -174,13 +174,13 @@ def _is_httptools(protocol_class: type[Any]) -> bool:
 
 @final
 class Server(uvicorn.Server):
-    """A :class:`uvicorn.Server` whose shutdown follows a coordinator's policy.
+    """A ``uvicorn.Server`` whose shutdown follows a coordinator's policy.
 
     Args:
         config: The uvicorn configuration.
         coordinator: The process's coordinator (a new one with the default policy if
             omitted).
-        wrap_app: Wrap the app in :class:`~graceful.asgi.GracefulMiddleware`.  Pass
+        wrap_app: Wrap the app in ``graceful.asgi.GracefulMiddleware``.  Pass
             ``False`` if you added it yourself (with the same coordinator).
         quick_signals: Signals that stop at once instead of starting the policy
             (gunicorn workers add SIGINT, its "quick shutdown").
@@ -246,7 +246,7 @@ class Server(uvicorn.Server):
             config.ws_protocol_class = _tracking_class(config.ws_protocol_class, self, counts=False)
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
-        """Serve until the coordinator stops (see :meth:`uvicorn.Server.serve`).
+        """Serve until the coordinator stops (see ``uvicorn.Server.serve``).
 
         graceful's own lines go through uvicorn's log handlers (its format and colours,
         at its log level) unless the application configured logging.
@@ -292,9 +292,9 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         """Route SIGINT, SIGTERM and SIGQUIT to the coordinator; restore on exit.
 
-        From the first moment of :meth:`serve`: a signal during the app's import or its
+        From the first moment of ``serve``: a signal during the app's import or its
         lifespan startup starts the shutdown (and its deadlines) at once; signals
-        recorded earlier by :func:`graceful._signals.defer_signals` (the gunicorn worker,
+        recorded earlier by ``graceful._signals.defer_signals`` (the gunicorn worker,
         ``graceful run``'s start-up) are delivered first.  On exit the previous handlers
         are back and a signal not yet delivered is re-raised to them.
         """
@@ -488,7 +488,7 @@ class Server(uvicorn.Server):
         """Wait for the coordinator to stop, keeping uvicorn's housekeeping going.
 
         The cut of what is left and lifespan shutdown run as the coordinator's first
-        stopping step (:meth:`_finish`), so they share stopping's budget.
+        stopping step (``_finish``), so they share stopping's budget.
         """
         c = self.coordinator
         # uvicorn's on_tick logs "Maximum request limit exceeded" at every tick once it is
@@ -734,9 +734,9 @@ async def serve(
     policy: Policy | None = None,
     **kwargs: Any,
 ) -> None:
-    """Serve ``app`` with a graceful :class:`Server` in the running event loop.
+    """Serve ``app`` with a graceful ``Server`` in the running event loop.
 
-    Keyword arguments go to :class:`uvicorn.Config`, except the middleware's
+    Keyword arguments go to ``uvicorn.Config``, except the middleware's
     (``readiness_path``, ``liveness_path``, ``prestop_path``, ``websocket_close_grace_s``,
     ``metrics_path``, ``readiness_on_shutdown``)
     and ``wrap_app``.
@@ -751,7 +751,7 @@ def run(
     policy: Policy | None = None,
     **kwargs: Any,
 ) -> None:
-    """Like :func:`uvicorn.run` (single process), with graceful shutdown; see :func:`serve`.
+    """Like ``uvicorn.run`` (single process), with graceful shutdown; see ``serve``.
 
     A signal during the teardown after the shutdown (the kubelet's SIGTERM right after a
     preStop drain) is logged, not left to kill the process with its default action.

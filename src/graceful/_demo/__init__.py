@@ -8,16 +8,16 @@ real sockets, real signals, a balancer that learns of the restart late.  A claim
 library and takes one command and half a minute.  It is built from parts that each
 explain themselves:
 
-* :mod:`graceful._demo._scenario` — the rolling restart, and why it is staged so;
-* :mod:`graceful._demo._balancer` — the L4 balancer that is late to forget a backend;
-* :mod:`graceful._demo._clients` — the load, and what counts as a failure;
-* :mod:`graceful._demo._backend` — graceful backends that report their phases as events;
-* :mod:`graceful._demo._report` and :mod:`graceful._demo._plot` — progress, table, plot;
-* :mod:`graceful._demo._kube`, :mod:`graceful._demo._kubelet`,
-  :mod:`graceful._demo._kuberollout` and :mod:`graceful._demo._kubedemo` — ``--kubernetes``:
+* ``graceful._demo._scenario`` — the rolling restart, and why it is staged so;
+* ``graceful._demo._balancer`` — the L4 balancer that is late to forget a backend;
+* ``graceful._demo._clients`` — the load, and what counts as a failure;
+* ``graceful._demo._backend`` — graceful backends that report their phases as events;
+* ``graceful._demo._report`` and ``graceful._demo._plot`` — progress, table, plot;
+* ``graceful._demo._kube``, ``graceful._demo._kubelet``,
+  ``graceful._demo._kuberollout`` and ``graceful._demo._kubedemo`` — ``--kubernetes``:
   the same rollout through a real kube-apiserver, endpointslice controller and kube-proxy;
-* :mod:`graceful._demo.app` — the tiny ASGI app uvicorn and hypercorn backends serve, and
-  :mod:`graceful._demo.aiohttp_app`, the same endpoints for aiohttp.
+* ``graceful._demo.app`` — the tiny ASGI app uvicorn and hypercorn backends serve, and
+  ``graceful._demo.aiohttp_app``, the same endpoints for aiohttp.
 
 The default run is stock uvicorn and each policy on uvicorn; ``--servers`` adds stock
 and graceful hypercorn and aiohttp.  This module is only the command line;
@@ -40,7 +40,7 @@ __all__ = ("build_parser", "main")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``graceful demo`` argument parser (ranges are checked by :func:`parse`)."""
+    """The ``graceful demo`` argument parser (ranges are checked by ``parse``)."""
     parser = argparse.ArgumentParser(
         prog="graceful demo",
         description="A simulated Kubernetes rolling restart on loopback: the stock server "

@@ -4,16 +4,16 @@ Why a launcher of its own
 -------------------------
 The demo draws when the terminating backend moved from phase to phase, so it must learn
 those moments from another process.  Reading them out of the log would tie the demo to
-the wording of a line written for people; :mod:`graceful._events` gives a contract
+the wording of a line written for people; ``graceful._events`` gives a contract
 instead, and this launcher is how a backend gets it without ``graceful run`` growing an
 option for the demo's sake.  It does for one process what ``graceful run`` does — a
 coordinator that owns the process (a third shutdown request exits, a hard exit just
 before SIGKILL), the server around the demo app, SIGTERM and SIGINT ignored until the
 server installs its own handlers — with public constructors only, and subscribes
-:func:`~graceful._events.json_event_writer` to the pipe whose write end the demo passed
+``graceful._events.json_event_writer`` to the pipe whose write end the demo passed
 down (``--events-fd``).  The server is one of the adapters, through its public entry
-point: :class:`graceful.uvicorn.Server`, :func:`graceful.hypercorn.run` (asyncio) or
-:func:`graceful.aiohttp.run_app` (which serves :mod:`graceful._demo.aiohttp_app`, the
+point: ``graceful.uvicorn.Server``, ``graceful.hypercorn.run`` (asyncio) or
+``graceful.aiohttp.run_app`` (which serves ``graceful._demo.aiohttp_app``, the
 same endpoints for aiohttp's handler interface).  All three share the coordinator, so
 the events are the same whatever the server.
 

@@ -6,7 +6,7 @@ It stands in for kube-proxy or an ingress during a rolling restart, and the poin
 demo is what those do to a terminating pod: the endpoint update reaches them a while
 after the kubelet sent SIGTERM, so for that while they keep handing *new* connections to
 the pod that was told to go.  The scenario plays that lag by removing the backend from
-:attr:`Balancer.backends` only after ``--propagation-delay``; the balancer itself just
+``Balancer.backends`` only after ``--propagation-delay``; the balancer itself just
 round-robins over whatever the list holds when a connection arrives.
 
 It works at L4 — bytes are piped, requests are never parsed — because that is what
@@ -14,7 +14,7 @@ kube-proxy does, and it is why nothing is retried: a balancer that does not know
 request starts cannot replay it.  A backend that refuses the upstream connection leaves
 the balancer holding a client connection it already accepted; it can only reset it, so
 the client sees a reset where the truth is a refusal.  The balancer records each refusal
-(:attr:`Balancer.refused`) so the scenario can name the failure correctly.
+(``Balancer.refused``) so the scenario can name the failure correctly.
 
 Stopping aborts every pipe instead of closing them politely: the load has stopped by
 then, and a lingering pipe must not keep the scenario waiting.
@@ -41,10 +41,10 @@ class Upstream(Protocol):
 
 
 class Balancer:
-    """Round-robins new connections over :attr:`backends`; never retries.
+    """Round-robins new connections over ``backends``; never retries.
 
     Args:
-        t0: The scenario's start (:func:`time.monotonic`); refusals are recorded in
+        t0: The scenario's start (``time.monotonic``); refusals are recorded in
             seconds from it.
     """
 
@@ -59,7 +59,7 @@ class Balancer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        """Listen on a free loopback port (then :attr:`port`)."""
+        """Listen on a free loopback port (then ``port``)."""
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
 

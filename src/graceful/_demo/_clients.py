@@ -7,7 +7,7 @@ general-purpose client retries, pools and folds errors into a few exception type
 one speaks HTTP/1.1 over plain asyncio streams so that each request ends in exactly one
 of: ``ok``, ``5xx``, ``reset`` (the connection failed or ended before a complete
 response) or ``timeout``.  ``refused`` is decided later, by the scenario, from what the
-balancer saw (:mod:`graceful._demo._balancer` explains why a client cannot tell).
+balancer saw (``graceful._demo._balancer`` explains why a client cannot tell).
 
 What counts as a failure
 ------------------------
@@ -42,7 +42,7 @@ FAILURE_KINDS: Final = ("refused", "reset", "5xx", "timeout")
 
 @dataclass
 class Tally:
-    """Every request's outcome; times in seconds from ``t0`` (:func:`time.monotonic`)."""
+    """Every request's outcome; times in seconds from ``t0`` (``time.monotonic``)."""
 
     t0: float
     results: Counter[str] = field(default_factory=Counter)  # kind -> count

@@ -6,20 +6,20 @@ Real: etcd, ``kube-apiserver`` (token auth, RBAC, the ``EndpointSliceTerminating
 gate), ``kube-controller-manager`` running the endpoint and endpointslice controllers, and
 ``kube-proxy`` in iptables mode — Kubernetes 1.20.2 built from Debian's source package
 (``tools/kube/build.sh``, once; cached in ``~/.cache/kube-apiserver-1.20``).  Played: the
-kubelet (:mod:`graceful._demo._kubelet`), for pods on the one node.
+kubelet (``graceful._demo._kubelet``), for pods on the one node.
 
 Where it runs
 -------------
 Everything lives in a network namespace of its own (``ip netns``): pod IPs are addresses
 on its loopback (this kernel has no ``dummy`` link), the service range is routed to it so
 that kube-proxy's OUTPUT rules see a client's packets, and nothing is routed out.  The
-calling process stays where it is: :class:`Netns` runs callables on a thread that
+calling process stays where it is: ``Netns`` runs callables on a thread that
 entered the namespace (``setns(2)`` is per thread), and whatever that thread starts — a
 subprocess, another thread — is inside too.  So a test reaches the API server, the pods
-and the ClusterIPs through :meth:`Netns.call`, and the rest of the test process (other
+and the ClusterIPs through ``Netns.call``, and the rest of the test process (other
 tests' servers on 127.0.0.1) is untouched.
 
-Needs root (``ip netns``, ``iptables``) and the built binaries; :func:`unavailable` says
+Needs root (``ip netns``, ``iptables``) and the built binaries; ``unavailable`` says
 what is missing in one line.
 """
 

@@ -1,10 +1,10 @@
 """``graceful demo --kubernetes``: the rollout through a real control plane.
 
 Where ``graceful demo`` simulates the load balancer, this runs the real thing on one
-machine (:mod:`graceful._demo._kube`): kube-apiserver, the endpointslice controller and
+machine (``graceful._demo._kube``): kube-apiserver, the endpointslice controller and
 kube-proxy, pods started by a played kubelet, clients on a ClusterIP.  Stock uvicorn and
 ``graceful run`` with and without ``--kubernetes`` each go through one rollout
-(:mod:`graceful._demo._kuberollout`).  Needs root and the binaries built once; without
+(``graceful._demo._kuberollout``).  Needs root and the binaries built once; without
 them it prints one line saying how to build them.
 """
 

@@ -1,4 +1,4 @@
-"""The kubelet's part for pods on the one node of :class:`~graceful._demo._kube.Cluster`.
+"""The kubelet's part for pods on the one node of ``graceful._demo._kube.Cluster``.
 
 Honestly and no more, what the kubelet does for a pod that matters to a shutdown:
 
@@ -15,7 +15,7 @@ Honestly and no more, what the kubelet does for a pod that matters to a shutdown
   (``gracePeriodSeconds: 0``, with its uid as precondition).
 
 Not played: images, volumes, restarts, liveness probes, cgroups.  Every step is recorded
-in :attr:`Kubelet.timeline` (wall-clock seconds) for the tests.
+in ``Kubelet.timeline`` (wall-clock seconds) for the tests.
 """
 
 from __future__ import annotations

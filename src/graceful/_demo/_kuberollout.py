@@ -68,7 +68,7 @@ RBAC_RULES: Final = (
 
 
 def grant(cluster: Cluster, account: str = "web") -> Path:
-    """ServiceAccount ``account`` with :data:`RBAC_RULES` and nothing more; its kubeconfig."""
+    """ServiceAccount ``account`` with ``RBAC_RULES`` and nothing more; its kubeconfig."""
     rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/default"
     cluster.api(
         "POST",
@@ -151,7 +151,7 @@ def stock_uvicorn() -> list[str]:
 
 
 def service(cluster: Cluster, name: str = "web", *, target_port: int = 8000) -> None:
-    """A ClusterIP Service ``name`` on :data:`CLUSTER_IP`:80 selecting ``app: name``."""
+    """A ClusterIP Service ``name`` on ``CLUSTER_IP``:80 selecting ``app: name``."""
     cluster.api(
         "POST",
         "/api/v1/namespaces/default/services",

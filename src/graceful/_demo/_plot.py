@@ -6,7 +6,7 @@ The table says how many requests failed; the timeline says *when*, and that is w
 explains them: the stock server's failures sit exactly in the propagation delay, after
 SIGTERM and before the balancer forgot A (the shaded band), while a graceful A keeps
 serving through it and drains once the traffic has moved to C.  A's phase marks come
-from the events A itself wrote (see :mod:`graceful._demo._scenario`), so they sit where
+from the events A itself wrote (see ``graceful._demo._scenario``), so they sit where
 the changes happened.  Time runs from the start of the load and is counted from
 SIGTERM, the moment every scenario shares, so panels of different servers line up.
 
@@ -16,7 +16,7 @@ when a ``.png`` is wanted.  The SVG is small (a polyline per backend, a line per
 and machine-readable: each series is a ``<polyline class="series" data-backend="A">``,
 each mark a ``<g class="mark" data-label="draining">``, each failure a
 ``<line class="failure">`` — the integration test reads them with
-:mod:`xml.etree.ElementTree`, and ``docs/img/`` keeps one per policy.
+``xml.etree.ElementTree``, and ``docs/img/`` keeps one per policy.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def svg(
     """The timeline of each outcome, one panel each, as an SVG document.
 
     ``subtitle`` (the scenario's settings) follows the title; ``seconds`` is the time
-    axis, from SIGTERM (default: :func:`time_range` of ``outcomes``).
+    axis, from SIGTERM (default: ``time_range`` of ``outcomes``).
     """
     seconds = time_range(outcomes) if seconds is None else seconds
     panels = [_panel(o, seconds) for o in outcomes]

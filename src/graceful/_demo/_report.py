@@ -41,7 +41,7 @@ __all__ = ("Progress", "outcome_record", "print_table", "write_json")
 
 
 class Progress:
-    """Live progress on a rich console, one line per scenario; an :class:`Observer`.
+    """Live progress on a rich console, one line per scenario; an ``Observer``.
 
     Args:
         name_width: Characters kept for the server's name, the first column.

@@ -13,12 +13,12 @@ at ``--grace-period`` if it is still alive; a short tail of load shows the other
 not disturbed.  Stock uvicorn and each graceful policy get the same timeline, one after
 the other, so their tables and plots compare like with like; so do stock hypercorn and
 aiohttp and their graceful adapters, serving the same endpoints, when asked for
-(:data:`ALL_SERVERS`).
+(``ALL_SERVERS``).
 
 How the scenario learns what A did
 ----------------------------------
 Graceful backends report each phase change as a JSON event on a pipe
-(:mod:`graceful._events`, via :mod:`graceful._demo._backend`), stamped with the wall
+(``graceful._events``, via ``graceful._demo._backend``), stamped with the wall
 clock where the change happened; one wall-clock reading taken with the scenario's start
 puts the events on the scenario's own timeline.  Stock servers report nothing: the
 scenario marks the SIGTERM it sent and learns the end from the exit status, as it does
@@ -26,7 +26,7 @@ for every backend.  Backends' stderr is kept only as a tail, for the error messa
 one fails to start — never parsed.
 
 The scenario draws nothing itself: it waits through its timeline with an
-:class:`Observer`, which the demo's progress display is and the rollout benchmark's
+``Observer``, which the demo's progress display is and the rollout benchmark's
 quiet runs need not be.
 """
 
@@ -190,7 +190,7 @@ async def run_scenario(
 ) -> Outcome:
     """Run one rolling restart against ``kind``; ``progress`` shows it live (optional).
 
-    ``args`` holds the ``graceful demo`` options (see :func:`graceful._demo.build_parser`).
+    ``args`` holds the ``graceful demo`` options (see ``graceful._demo.build_parser``).
     """
     observer = progress if progress is not None else _Quietly()
     t0, wall0 = time.monotonic(), time.time()

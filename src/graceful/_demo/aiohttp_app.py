@@ -1,4 +1,4 @@
-"""The demo's backend for aiohttp: :mod:`graceful._demo.app`'s endpoints as aiohttp handlers.
+"""The demo's backend for aiohttp: ``graceful._demo.app``'s endpoints as aiohttp handlers.
 
 aiohttp serves its own handler interface, not ASGI, so the aiohttp rows of the demo need
 the same app written for it: ``/`` answers ``hello``; ``/slow?s=2`` answers after 2
