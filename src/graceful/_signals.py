@@ -340,7 +340,10 @@ def teardown_guard(
     the shutdown was requested already: then a SIGTERM recorded during the teardown (the
     kubelet's, right after a preStop drain; a process group's second copy) asks for what
     is done, and re-raising it would kill the process with its default action (status
-    143).  It is logged instead.
+    143).  It is logged instead; one that arrives later, while the process ends, is
+    ignored: where the handler found was the default action, SIG_IGN replaces it (a
+    Python-level handler would not do: the interpreter resets those to the default
+    action at its very end).
     """
     if not enabled or not _in_main_thread():
         yield
@@ -351,14 +354,21 @@ def teardown_guard(
     try:
         yield
     finally:
+        done = shutdown_requested()
         for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            if done and handler in (None, signal.SIG_DFL):
+                signal.signal(sig, signal.SIG_IGN)
+            else:
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         late = take_deferred(handled)
-        if shutdown_requested():
+        if done:
             if late:
+                counts = collections.Counter(signal_name(s) for s in late)
                 logger.info(
                     "%s during the teardown: already shut down",
-                    ", ".join(signal_name(s) for s in late),
+                    ", ".join(
+                        name if n == 1 else f"{name} ({n} times)" for name, n in counts.items()
+                    ),
                 )
         else:
             for signum in late:
