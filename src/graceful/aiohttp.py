@@ -496,10 +496,10 @@ def _metrics_handler(middleware: Middleware, path: str | None) -> Handler | None
     exposition = metrics.Exposition(middleware.coordinator)
 
     async def serve_metrics(request: web.Request) -> web.StreamResponse:
-        body, content_type = exposition.render(
+        status, body, content_type = await exposition.render_retrying(
             request.headers.get(hdrs.ACCEPT, ""), request.query.getall("name[]", [])
         )
-        response = web.Response(body=body, headers={hdrs.CONTENT_TYPE: content_type})
+        response = web.Response(status=status, body=body, headers={hdrs.CONTENT_TYPE: content_type})
         if middleware.coordinator.nudging:
             response.force_close()
         return response

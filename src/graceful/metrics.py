@@ -559,6 +559,23 @@ class Exposition:
                 registry = REGISTRY
         self.registry: Final = registry
 
+    async def render_retrying(
+        self, accept: str = "", names: Sequence[str] = ()
+    ) -> tuple[int, bytes, str]:
+        """:meth:`render` for a scrape: the status (200, or 503 with the reason when
+        collecting still fails after :data:`RENDER_RETRIES_S`), the body, its type."""
+        for delay_s in (*RENDER_RETRIES_S, None):
+            try:
+                body, content_type = self.render(accept, names)
+            except Exception as exc:  # a multiprocess file caught while it is created
+                if delay_s is not None:
+                    await anyio.sleep(delay_s)
+                    continue
+                logger.warning("graceful metrics: cannot collect: %r", exc)
+                return 503, f"metrics unavailable: {exc!r}\n".encode(), "text/plain"
+            return 200, body, content_type
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def render(self, accept: str = "", names: Sequence[str] = ()) -> tuple[bytes, str]:
         """The exposition and its content type.
 
@@ -573,6 +590,13 @@ class Exposition:
         if names:
             registry = self.registry.restricted_registry(list(names))
         return encoder(registry), content_type
+
+
+#: Pauses before collecting again when a scrape fails.  In multiprocess mode a worker
+#: that is starting creates its files while another one reads the directory: a file
+#: read in the microseconds between its creation and its first bytes fails to parse
+#: (``struct.error``); a moment later it is whole.
+RENDER_RETRIES_S: Final = (0.01, 0.05)
 
 
 def asgi_app(
@@ -600,8 +624,10 @@ def asgi_app(
             return
         accept = b",".join(v for k, v in scope.get("headers", ()) if k.lower() == b"accept")
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        output, content_type = exposition.render(accept.decode("latin-1"), query.get("name[]", ()))
-        await _send(send, 200, [], content_type.encode(), output, method == "GET")
+        status, output, content_type = await exposition.render_retrying(
+            accept.decode("latin-1"), query.get("name[]", ())
+        )
+        await _send(send, status, [], content_type.encode(), output, method == "GET")
 
     return metrics_app
 

@@ -109,12 +109,19 @@ class ServerProcess:
         self._sent[sig] = time.monotonic()
 
     def wait_exit(self, timeout_s: float = 15.0) -> int:
+        """The exit status, once the process exited and its last output lines were read
+        (the reader may lag behind the exit: ``has_line`` and ``output`` right after
+        this see everything the process wrote)."""
         try:
-            return self.proc.wait(timeout_s)
+            status = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"process still running after {timeout_s} s; output:\n{self.output()}"
             ) from None
+        # EOF comes once every holder of the pipe is gone: a worker that outlives its
+        # parent for a moment still may hold it, so the wait is bounded.
+        self._reader.join(5.0)
+        return status
 
     def _descendants(self) -> list[int]:
         """Child processes, found through /proc (graceful run's workers have their own

@@ -44,7 +44,8 @@ class TerminalProcess:
         self.text = ""
         self.raw = ""  # with the colours
         self._cond = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         while True:
@@ -69,6 +70,12 @@ class TerminalProcess:
                 assert left > 0, (pattern, self.text)
                 assert "\0" not in self.text, (pattern, self.text)
                 self._cond.wait(left)
+
+    def wait_exit(self, timeout_s: float = 15.0) -> int:
+        """The exit status, once the output up to the end was read."""
+        status = self.proc.wait(timeout_s)
+        self._reader.join(5.0)
+        return status
 
     def type_ctrl_c(self) -> None:
         os.write(self.master, b"\x03")
@@ -106,7 +113,7 @@ def test_ctrl_c_drains_at_once_and_finishes_the_request(options: list[str], stop
         term.type_ctrl_c()
         term.wait_for(r"-> draining: SIGINT \(terminal\) \(no accepting period\)", count=stopped)
         assert client.response()[0] == 200
-        assert term.proc.wait(15) == 0
+        assert term.wait_exit() == 0
     finally:
         RawHTTP.close_all()
         term.close()

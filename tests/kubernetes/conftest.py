@@ -25,12 +25,36 @@ SA_KUBECONFIG: dict[int, Path] = {}
 NOBODY_TOKEN = "nobody-" + os.urandom(8).hex()
 
 
+#: The rollouts at a 5 s kube-proxy sync, in two groups of about the same length.
+_SLOW_SYNC_B = ("serve-until-killed", "refuse-immediately --kubernetes")
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """Under pytest-xdist (``--dist loadgroup``) the tests of a group share a worker and
+    so its control planes (one per sync period, started once per worker): the demo
+    (which runs its own), the other tests, the rollouts at a 1 s sync, and the slower
+    rollouts at a 5 s sync in two halves — five groups of one to one and a half
+    minutes each, instead of one of six."""
+    if Path(item.path).name == "test_demo.py":
+        return "kubernetes-demo"
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "sync" not in callspec.params:
+        return "kubernetes"
+    if callspec.params["sync"] == 1.0:
+        return "kubernetes-rollout-sync-1"
+    server = str(callspec.params.get("server", ""))
+    half = "b" if any(part in server for part in _SLOW_SYNC_B) else "a"
+    return f"kubernetes-rollout-sync-5-{half}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    ours = [item for item in items if here in Path(item.path).parents]
+    for item in ours:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
     reason = unavailable()
     if reason is None:
         return
-    here = Path(__file__).parent
-    ours = [item for item in items if here in Path(item.path).parents]
     if ours and REQUIRED:
         raise pytest.UsageError(f"GRACEFUL_REQUIRE_KUBERNETES=1 but {reason}")
     for item in ours:

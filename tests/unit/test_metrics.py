@@ -348,3 +348,48 @@ def test_multiprocess_misconfiguration_is_named(
     assert not getattr(values.ValueClass, "_multiprocess", False)
     with pytest.raises(RuntimeError, match=r"set after prometheus_client was imported"):
         graceful.metrics.register(ShutdownCoordinator())
+
+
+async def _scrape(app: Any) -> tuple[int, bytes]:
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/metrics", "headers": []}
+    await app(scope, receive, send)
+    return sent[0]["status"], sent[1]["body"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_scrape_that_catches_a_file_being_created_is_retried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In multiprocess mode a worker's file can be read in the instant between its
+    creation and its first bytes (``struct.error``, a 500 under load in CI): the scrape
+    collects again a moment later; if it still fails, 503 with the reason."""
+    import struct
+
+    failures = [struct.error("unpack_from requires a buffer of at least 4 bytes")]
+    render = graceful.metrics.Exposition.render
+
+    def flaky(self: Any, *args: Any) -> tuple[bytes, str]:
+        if failures:
+            raise failures.pop()
+        return render(self, *args)
+
+    monkeypatch.setattr(graceful.metrics.Exposition, "render", flaky)
+    app = graceful.metrics.asgi_app(ShutdownCoordinator(), CollectorRegistry())
+    status, body = await _scrape(app)
+    assert status == 200
+    assert b"graceful_phase" in body
+
+    def broken(self: Any, *args: Any) -> tuple[bytes, str]:
+        raise struct.error("still half-written")
+
+    monkeypatch.setattr(graceful.metrics.Exposition, "render", broken)
+    status, body = await _scrape(app)
+    assert (status, body) == (503, b"metrics unavailable: error('still half-written')\n")

@@ -112,7 +112,10 @@ class Kubelet:
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         self.timeline["started"] = time.time()
-        threading.Thread(target=self._copy_log, name=f"log-{self.name}", daemon=True).start()
+        self._log_copier = threading.Thread(
+            target=self._copy_log, name=f"log-{self.name}", daemon=True
+        )
+        self._log_copier.start()
         for target in (self._probe_loop, self._watch_loop, self._reap):
             self._thread(target)
         return self
@@ -285,7 +288,11 @@ class Kubelet:
         return at
 
     def log(self) -> str:
-        """The pod's log so far, each line after its RFC 3339 time."""
+        """The pod's log so far, each line after its RFC 3339 time; once the container
+        exited, all of it (the copy may lag behind the exit)."""
+        copier = getattr(self, "_log_copier", None)
+        if copier is not None and self.proc is not None and self.proc.poll() is not None:
+            copier.join(5.0)
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> None:
