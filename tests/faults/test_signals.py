@@ -268,12 +268,25 @@ def test_sigterm_to_the_process_group_is_not_an_escalation(
     its master or parent.  The in-flight request completes (200), as under stock
     uvicorn-worker; nothing escalates."""
     command, listening = GROUP_CASES[case]
+    _in_flight_survives(
+        command, listening, lambda pid: os.killpg(os.getpgid(pid), signal.SIGTERM), record
+    )
+
+
+def _in_flight_survives(
+    command: list[str],
+    listening: str,
+    terminate: Callable[[int], None],
+    record: Callable[[str], None],
+) -> None:
+    """Start ``command``, put a 2 s request in flight, ``terminate(pid)``: the request
+    completes (200), the exit status is 0, nothing escalates."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
     server = ServerProcess(command, env={**environment, "GRACEFUL_IDLE": "0.5"})
     try:
         port = int(server.wait_for_line(listening).group(1))
         client = _slow_request(server, port)
-        os.killpg(os.getpgid(server.proc.pid), signal.SIGTERM)
+        terminate(server.proc.pid)
         status = client.response()[0]
         code = server.wait_exit(20)
         record(f"in-flight request: {status}; exit {code}")
@@ -291,24 +304,12 @@ def test_sigterm_through_dumb_init_is_not_an_escalation(record: Callable[[str], 
     whole process group of its child: gunicorn's worker gets it from dumb-init and again
     from the master.  The in-flight request completes; dumb-init exits with the
     server's status."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
-    server = ServerProcess(
+    _in_flight_survives(
         [str(DUMB_INIT), *_gunicorn("graceful.gunicorn.UvicornWorker")],
-        env={**environment, "GRACEFUL_IDLE": "0.5"},
+        GUNICORN_LISTENING,
+        lambda pid: os.kill(pid, signal.SIGTERM),  # to dumb-init only, as the kubelet does
+        record,
     )
-    try:
-        port = int(server.wait_for_line(GUNICORN_LISTENING).group(1))
-        client = _slow_request(server, port)
-        os.kill(server.proc.pid, signal.SIGTERM)  # to dumb-init only, as the kubelet does
-        status = client.response()[0]
-        code = server.wait_exit(20)
-        record(f"in-flight request: {status}; exit {code}")
-        assert code == 0, server.output()
-        assert status == 200, server.output()
-        assert "(escalated)" not in server.output()
-    finally:
-        RawHTTP.close_all()
-        server.stop()
 
 
 PRESTOP_CASES = {

@@ -25,14 +25,25 @@ COMMANDS = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
-def test_sigterm_during_the_teardown_after_prestop_is_not_fatal(server: str) -> None:
+def _after_prestop(server: str) -> ServerProcess:
+    """The server, started, once its preStop endpoint answered (the drain is done)."""
     process = ServerProcess([sys.executable, *COMMANDS[server]])
     try:
         port = int(process.wait_for_line(RUNNING).group(1))
         prestop = RawHTTP(port)
         prestop.send("/prestop")
         assert prestop.response()[0] == 200
+    except BaseException:
+        RawHTTP.close_all()
+        process.stop()
+        raise
+    return process
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn"])
+def test_sigterm_during_the_teardown_after_prestop_is_not_fatal(server: str) -> None:
+    process = _after_prestop(server)
+    try:
         process.wait_for_line(r"lingering task cancelled")
         process.signal(signal.SIGTERM)
         assert process.wait_exit() == 0, process.output()
@@ -49,12 +60,8 @@ def test_sigterm_storm_after_prestop_never_kills(server: str) -> None:
     interpreter ends — the process exits 0.  A SIGTERM every few milliseconds until it
     is gone makes every one of those moments likely (it once lost this race in CI:
     status -15 at the very end)."""
-    process = ServerProcess([sys.executable, *COMMANDS[server]])
+    process = _after_prestop(server)
     try:
-        port = int(process.wait_for_line(RUNNING).group(1))
-        prestop = RawHTTP(port)
-        prestop.send("/prestop")
-        assert prestop.response()[0] == 200
         sent = 0
         deadline = time.monotonic() + 10
         while process.proc.poll() is None and time.monotonic() < deadline and sent < 2000:
