@@ -628,7 +628,7 @@ class ShutdownCoordinator(Tracking):
                     if any(loop_handles(s) for s in SHUTDOWN_SIGNALS):
                         logger.warning(
                             "SIGTERM and SIGINT are also handled by the event loop "
-                            "(loop.add_signal_handler: the hypercorn command?): the server "
+                            "(loop.add_signal_handler: hypercorn.asyncio.serve?): the server "
                             "stops at the signal whatever the policy; run the app with "
                             "'graceful run --server hypercorn' or graceful.hypercorn"
                         )

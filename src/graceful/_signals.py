@@ -55,12 +55,12 @@ logger = logging.getLogger("graceful")
 __all__ = (
     "QUICK_SIGNALS",
     "SHUTDOWN_SIGNALS",
-    "in_terminal_foreground",
-    "judge_terminal_by",
-    "loop_handles",
     "catch_signals",
     "current_schedule",
     "defer_signals",
+    "in_terminal_foreground",
+    "judge_terminal_by",
+    "loop_handles",
     "signal_name",
     "take_deferred",
     "teardown_guard",
@@ -232,9 +232,10 @@ def _wakeup_fd(schedule: Schedule) -> Iterator[None]:
 
 
 def loop_handles(signum: int) -> bool:
-    """Whether an asyncio loop handles ``signum`` (``loop.add_signal_handler``, as the
-    ``hypercorn`` command does): it sees the signal whatever Python-level handler is
-    installed over it, since the C-level handler writes to the loop's wakeup fd."""
+    """Whether an asyncio loop handles ``signum`` (``loop.add_signal_handler``, as
+    ``hypercorn.asyncio.serve`` does without a shutdown trigger): it sees the signal
+    whatever Python-level handler is installed over it, since the C-level handler writes
+    to the loop's wakeup fd."""
     return _is_loop_handler(signal.getsignal(signum))
 
 
