@@ -1,6 +1,7 @@
-"""Server instructions per request: bare uvicorn against graceful's uvicorn server.
+"""Server instructions per request: each server bare against graceful's version of it.
 
-    python benchmarks/server_instructions.py [--requests 4000] [--repeats 1] [--connections 8]
+    python benchmarks/server_instructions.py [--server uvicorn|hypercorn|hypercorn-trio|aiohttp]
+        [--requests 4000] [--repeats 1] [--connections 8]
 
 The whole server process — uvicorn, httptools, the event loop, the app and graceful — runs
 under ``valgrind --tool=callgrind``, which counts the machine instructions it executes:
@@ -18,10 +19,14 @@ loaded server does.  With ``--connections 1`` (ping-pong) whether the loop finds
 request already there or sleeps for it depends on timing, which moves the count by about
 ±1,000 instructions per request between runs of the *same* server.
 
-``bare``: :func:`uvicorn.run`.  ``graceful``: :func:`graceful.uvicorn.run` (what
+``bare``: ``uvicorn.run``.  ``graceful``: ``graceful.uvicorn.run`` (what
 ``graceful run`` serves with), refuse-immediately so that SIGTERM ends it at once.
 ``--control`` adds ``graceful.uvicorn.run(wrap_app=False)``: graceful's server with no
 per-request work of its own, which shows the measurement's own spread.
+
+``--server hypercorn`` (``hypercorn-trio``): ``hypercorn.asyncio.serve`` (``hypercorn.trio
+.serve``) against ``graceful.hypercorn.run``, h11; ``--server aiohttp``:
+``aiohttp.web.run_app`` against ``graceful.aiohttp.run_app``.  Same app, same clients.
 """
 
 from __future__ import annotations
@@ -50,6 +55,37 @@ SERVERS = {
     ),
 }
 CONTROL = {"graceful, no middleware": SERVERS["graceful"].replace("(), ", "(), wrap_app=False, ")}
+_HYPERCORN_CONFIG = (
+    "import hypercorn.config; config = hypercorn.config.Config(); "
+    "config.bind = ['127.0.0.1:{port}']; config.loglevel = 'WARNING'; config.accesslog = None; "
+)
+#: The other servers: bare and graceful, each a program serving the same app on {port}.
+OTHER_SERVERS = {
+    "hypercorn": {
+        "bare": _HYPERCORN_CONFIG + "import asyncio, hypercorn.asyncio; "
+        "from benchmarks.apps import bare; asyncio.run(hypercorn.asyncio.serve(bare, config))",
+        "graceful": _HYPERCORN_CONFIG + "import graceful, graceful.hypercorn; "
+        "from benchmarks.apps import bare; graceful.hypercorn.run(bare, config, "
+        "worker_class='asyncio', policy=graceful.RefuseImmediately())",
+    },
+    "hypercorn-trio": {
+        "bare": _HYPERCORN_CONFIG + "import functools, trio, hypercorn.trio; "
+        "from benchmarks.apps import bare; "
+        "trio.run(functools.partial(hypercorn.trio.serve, bare, config))",
+        "graceful": _HYPERCORN_CONFIG + "import graceful, graceful.hypercorn; "
+        "from benchmarks.apps import bare; graceful.hypercorn.run(bare, config, "
+        "worker_class='trio', policy=graceful.RefuseImmediately())",
+    },
+    "aiohttp": {
+        "bare": "import asyncio; from aiohttp import web; from benchmarks.apps import aiohttp_app; "
+        "web.run_app(aiohttp_app(), host='127.0.0.1', port={port}, print=None, access_log=None, "
+        "loop=asyncio.new_event_loop())",
+        "graceful": "import asyncio, graceful, graceful.aiohttp; "
+        "from benchmarks.apps import aiohttp_app; graceful.aiohttp.run_app(aiohttp_app(), "
+        "host='127.0.0.1', port={port}, print=None, access_log=None, "
+        "policy=graceful.RefuseImmediately(), loop=asyncio.new_event_loop())",
+    },
+}
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
 
 
@@ -97,7 +133,7 @@ def drive(socks: list[socket.socket], requests: int) -> None:
                         selector.unregister(sock)
 
 
-def instructions(server: str, requests: int, connections: int) -> int:
+def instructions(server: str, requests: int, connections: int, kind: str = "uvicorn") -> int:
     """The instructions a server runs to start, serve ``requests`` and stop."""
     port = free_port()
     kw = {
@@ -108,7 +144,10 @@ def instructions(server: str, requests: int, connections: int) -> int:
         "log_level": "warning",
         "access_log": False,
     }
-    code = {**SERVERS, **CONTROL}[server].format(app="benchmarks.apps:bare", kw=kw)
+    if kind == "uvicorn":
+        code = {**SERVERS, **CONTROL}[server].format(app="benchmarks.apps:bare", kw=kw)
+    else:
+        code = OTHER_SERVERS[kind][server].replace("{port}", str(port))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         proc = subprocess.Popen(
@@ -151,6 +190,10 @@ def instructions(server: str, requests: int, connections: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--server", choices=["uvicorn", *OTHER_SERVERS], default="uvicorn",
+        help="the server measured bare and with graceful",
+    )  # fmt: skip
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
@@ -168,17 +211,17 @@ def main() -> int:
         print("valgrind not found; install it (Debian: apt install valgrind)")
         return 1
     short, long = args.requests // 4, args.requests
-    names = [*SERVERS, *(CONTROL if args.control else ())]
+    names = [*SERVERS, *(CONTROL if args.control and args.server == "uvicorn" else ())]
     per: dict[str, list[float]] = {name: [] for name in names}
     started = time.monotonic()
     for _ in range(args.repeats):
         for name in names:  # alternately, in one run
-            a = instructions(name, short, args.connections)
-            b = instructions(name, long, args.connections)
+            a = instructions(name, short, args.connections, args.server)
+            b = instructions(name, long, args.connections, args.server)
             per[name].append((b - a) / (long - short))
     print(
-        f"server instructions per request ({short:,} and {long:,} requests over "
-        f"{args.connections} connection(s), httptools), {args.repeats} repeat(s)"
+        f"{args.server} instructions per request ({short:,} and {long:,} requests over "
+        f"{args.connections} connection(s)), {args.repeats} repeat(s)"
     )
     print(f"{'':>22} {'min':>9} {'median':>9} {'max':>9}")
     for name, values in per.items():
