@@ -515,7 +515,7 @@ NEEDS: Final = {
 
 
 def installed(module: str) -> bool:
-    """Whether ``module`` can be imported (it is, when it can)."""
+    """Whether ``module`` can be imported (it is imported: the server uses it next)."""
     try:
         importlib.import_module(module)
     except ImportError:
