@@ -52,8 +52,12 @@ SIGTERM, so the parent exists to relay signals and to keep the workers honest:
 
 A worker tells the parent it serves through a pipe (one byte at uvicorn's first tick),
 and the parent learns of exits from one thread per worker that waits for it; both arrive
-as callables on one queue, as do the signals (``catch_signals(…, schedule=queue.put)``),
-so the parent's main loop is a blocking ``get`` with the kill deadline as its timeout.
+as callables on one queue, as do the signals (``catch_signals(…, schedule=tasks.put)``),
+so the parent's main loop waits on that queue with the kill deadline as its timeout.  It
+waits in ``select()`` on a socket that every ``put`` and every signal (the interpreter's
+wakeup fd) writes to, not on a lock: whichever thread the kernel delivers a signal to,
+the main thread wakes and runs the Python-level handler.  The parent also unblocks the
+signals it handles at start-up, whatever mask it inherited.
 
 Exit status: 0 after a graceful shutdown, 1 if a worker had to be killed or failed, 2 for
 bad usage, 3 if the app could not start.
@@ -61,6 +65,7 @@ bad usage, 3 if the app could not start.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import errno
@@ -71,6 +76,7 @@ import inspect
 import logging
 import os
 import queue
+import select
 import signal
 import socket
 import ssl
@@ -1067,6 +1073,60 @@ def _signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+class _Tasks:
+    """The ``--workers`` parent's queue of callables, put from any thread (and from a
+    signal handler), taken by the main thread.
+
+    ``get`` waits in ``select()`` on a socket pair that each ``put`` writes a byte to, and
+    that ``woken_by_signals`` makes the interpreter's wakeup fd: a signal wakes the main
+    thread through it even when the kernel delivered the signal to another thread, and
+    the main thread then runs the Python-level handler before it looks at the queue
+    again.  (A blocking lock acquire is woken only by a signal delivered to the main
+    thread itself.)
+    """
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Callable[[], object]] = collections.deque()
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+
+    def put(self, task: Callable[[], object]) -> None:
+        self._items.append(task)  # atomic: safe from a thread and from a signal handler
+        with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+            self._writer.send(b"\0")
+
+    def get(self, timeout: float | None = None) -> Callable[[], object]:
+        """The oldest task; waits at most ``timeout`` seconds (``None``: no limit).
+
+        Raises:
+            queue.Empty: ``timeout`` elapsed with nothing queued.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._items:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise queue.Empty
+            select.select([self._reader], [], [], left)
+            with contextlib.suppress(BlockingIOError):
+                while self._reader.recv(4096):
+                    pass
+        return self._items.popleft()
+
+    @contextlib.contextmanager
+    def woken_by_signals(self) -> Iterator[None]:
+        """Main thread only: make the socket the interpreter's signal wakeup fd."""
+        previous = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        try:
+            yield
+        finally:
+            signal.set_wakeup_fd(previous)
+
+    def close(self) -> None:
+        self._reader.close()
+        self._writer.close()
+
+
 @dataclass(eq=False)
 class _Worker:
     proc: subprocess.Popen[bytes]
@@ -1085,7 +1145,7 @@ class _Supervisor:
     grace_period_s: float | None
     kubernetes: bool = False
     workers: list[_Worker] = field(default_factory=list)
-    tasks: queue.SimpleQueue[Callable[[], object]] = field(default_factory=queue.SimpleQueue)
+    tasks: _Tasks = field(default_factory=lambda: _Tasks())
     stopping: bool = False
     deadline: float | None = None
     status: int = EXIT_OK
@@ -1096,7 +1156,13 @@ class _Supervisor:
     def run(self) -> int:
         from ._signals import catch_signals
 
-        with catch_signals(PARENT_SIGNALS, self._on_signal, schedule=self.tasks.put):
+        # A mask inherited from whoever started us (a thread of a program that blocks
+        # them) would leave these signals pending for ever: they are ours now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
+        with (
+            self.tasks.woken_by_signals(),
+            catch_signals(PARENT_SIGNALS, self._on_signal, schedule=self.tasks.put),
+        ):
             for _ in range(self.count):
                 self._spawn()
             where = _where(self.sock)
@@ -1116,6 +1182,7 @@ class _Supervisor:
                     self._kill_all()
                     continue
                 task()
+        self.tasks.close()
         self.sock.close()
         return self.status
 

@@ -363,6 +363,29 @@ def test_sigterm_to_the_parent_drains_both_workers(started: list[ServerProcess])
     wait_gone([first, second], timeout_s=0)
 
 
+@pytest.mark.parametrize(
+    "sig", [signal.SIGTERM, signal.SIGQUIT, signal.SIGHUP], ids=lambda s: s.name
+)
+def test_parent_started_with_its_signals_blocked_still_acts_on_them(
+    started: list[ServerProcess], sig: signal.Signals
+) -> None:
+    """A program that starts ``graceful run --workers`` from a thread that blocks these
+    signals passes its mask on: before, the parent left them pending for ever."""
+    blocked = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        server, pids = start_workers(started, "--policy", "refuse-immediately")
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    server.signal(sig)
+    if sig is signal.SIGHUP:  # a reload: the old workers go, new ones serve
+        server.wait_for_line(r"reload: new workers serve")
+        wait_gone(pids)
+        server.signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    wait_gone(pids, timeout_s=0)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
 def test_no_worker_outlives_a_signalled_parent(
     started: list[ServerProcess], sig: signal.Signals
