@@ -23,7 +23,8 @@ gunicorn's own options):
 
 The same guarantees for the other servers, each importing only its own server:
 ``graceful.gunicorn.HypercornWorker`` (asyncio), ``HypercornUvloopWorker``,
-``HypercornTrioWorker`` and ``AiohttpWorker``.
+``HypercornTrioWorker`` and ``AiohttpWorker``; for WSGI apps (Flask, Django),
+``graceful.gunicorn.SyncWorker``, gunicorn's ``sync`` worker with the policies.
 """
 
 from __future__ import annotations
@@ -47,17 +48,20 @@ if TYPE_CHECKING:
     from ._hypercorn_worker import HypercornTrioWorker as HypercornTrioWorker
     from ._hypercorn_worker import HypercornUvloopWorker as HypercornUvloopWorker
     from ._hypercorn_worker import HypercornWorker as HypercornWorker
+    from ._wsgi_worker import SyncWorker as SyncWorker
 
 __all__ = (
     "AiohttpWorker",
     "HypercornTrioWorker",
     "HypercornUvloopWorker",
     "HypercornWorker",
+    "SyncWorker",
     "UvicornH11Worker",
     "UvicornWorker",
 )
 
 _ELSEWHERE = {
+    "SyncWorker": "graceful._wsgi_worker",
     "AiohttpWorker": "graceful._aiohttp_worker",
     "HypercornWorker": "graceful._hypercorn_worker",
     "HypercornUvloopWorker": "graceful._hypercorn_worker",
