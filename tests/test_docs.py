@@ -33,6 +33,7 @@ PUBLIC_MODULES = (
     "graceful.aiohttp",
     "graceful.gunicorn",
     "graceful.metrics",
+    "graceful.wsgi",
 )
 #: Languages of blocks that are output or synopses, not something to run.
 NOT_CODE = {"text"}

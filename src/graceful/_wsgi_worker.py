@@ -1,15 +1,17 @@
-"""``graceful.gunicorn.SyncWorker``: gunicorn's ``sync`` worker with a shutdown policy.
+"""``graceful.gunicorn.SyncWorker`` and ``ThreadWorker``: gunicorn's ``sync`` and
+``gthread`` workers with a shutdown policy.
 
-gunicorn's sync worker stops accepting at SIGTERM: connections that kube-proxy or an
+gunicorn's workers stop accepting at SIGTERM: connections that kube-proxy or an
 ingress still sends for a second or more are refused once every worker is gone, and
-those queued in the listener's backlog are reset.  This worker, configured with the
-``GRACEFUL_*`` variables of the other graceful workers (checked in the master):
+those queued in the listener's backlog are reset; ``gthread`` answers a kept-alive
+connection once more for at most 2 s and closes the rest.  These workers, configured
+with the ``GRACEFUL_*`` variables of the other graceful workers (checked in the master):
 
 * at SIGTERM keeps accepting and serving as the policy says (accept-until-idle: until no
   new connection arrived for ``GRACEFUL_IDLE`` s; a connection carrying only a probe
   request does not count), then serves what already waits in the backlog and exits;
 * answers ``/readyz`` with 503 from SIGTERM on, ``/livez``, preStop (which only starts
-  the shutdown: one thread cannot wait in a request and serve), through
+  the shutdown: a sync worker's one thread cannot wait in a request and serve), through
   ``graceful.wsgi.GracefulMiddleware``, and puts ``environ["graceful.drain"]``;
 * keeps heartbeating while it shuts down, so gunicorn's ``--timeout`` does not kill it
   in a long request, and exits before gunicorn's ``--graceful-timeout`` whatever the
@@ -33,6 +35,7 @@ import time
 from typing import Any
 
 from gunicorn.arbiter import Arbiter
+from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
 from . import _config
@@ -47,9 +50,16 @@ logger = logging.getLogger("graceful")
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 
 
-class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
-    """gunicorn's ``sync`` worker following graceful's shutdown policy
-    (``-k graceful.gunicorn.SyncWorker``)."""
+class _GracefulWSGIWorker:
+    """What the graceful WSGI workers share: the options checked in the master, the
+    middleware around the app, SIGTERM, the deadlines and the watchdog.  A worker class
+    puts it before gunicorn's and says how accepting stops (``_stop_accepting``)."""
+
+    cfg: Any
+    log: Any
+    wsgi: Any
+    timeout: float
+    notify: Any
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
@@ -68,11 +78,12 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
         graceful_logger.handlers = self.log.error_log.handlers
         graceful_logger.setLevel(logging.INFO)
         graceful_logger.propagate = False
+        self.shutdown_state = ShutdownState()
         self._deadlines: Deadlines | None = None
         self._last_connection_at: float | None = None
         self._signalled_at: float | None = None
         self._served = 0  # requests since the shutdown request
-        self._probe = False  # whether the request being handled is a probe
+        self._accepted_at = 0.0  # sync worker: when the connection being served came
         self._loaded = False
 
     # ----------------------------------------------------------------- set-up
@@ -88,11 +99,10 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
         self._policy: Policy = coordinator["policy"]
         self._drain_timeout_s: float = coordinator["drain_timeout_s"]
         self._kill_margin_s: float = coordinator["kill_margin_s"]
-        nudge = getattr(self._policy, "nudge_clients", True)
-        self.shutdown_state = ShutdownState(nudge_clients=nudge)
+        self.shutdown_state.nudge_clients = getattr(self._policy, "nudge_clients", True)
         middleware = _config.middleware_kwargs(values)
-        super().load_wsgi()
-        app: Any = self.wsgi  # type: ignore[has-type]
+        super().load_wsgi()  # type: ignore[misc]
+        app: Any = self.wsgi
         self.middleware = GracefulMiddleware(
             app,
             self.shutdown_state,
@@ -100,9 +110,9 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
             liveness_path=middleware["liveness_path"],
             prestop_path=middleware["prestop_path"],
             readiness_on_shutdown=middleware["readiness_on_shutdown"],
-            prestop_waits=False,
+            prestop_waits=self._prestop_waits(),
         )
-        self.wsgi = self.middleware
+        self.wsgi = self._closing(self.middleware)
         logger.info(
             "policy %s; kill deadline: --graceful-timeout %g s",
             self._policy.describe(),
@@ -145,6 +155,66 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
         if self.shutdown_state.begin_draining(reason, drain_deadline=drain_by):
             served = f"{self._served} request{'' if self._served == 1 else 's'}"
             logger.info("accepting -> draining: %s (%s served since SIGTERM)", reason, served)
+            self._stop_accepting()
+
+    def _closing(self, app: Any) -> Any:
+        """``app``, whose responses close their connection while the policy nudges
+        clients.  gunicorn drops a ``Connection`` header the app sets (hop-by-hop) and
+        decides itself: its response's ``force_close()`` is the way to ask."""
+        state = self.shutdown_state
+
+        def closing(environ: dict[str, Any], start_response: Any) -> Any:
+            if state.nudging:
+                force_close = getattr(
+                    getattr(start_response, "__self__", None), "force_close", None
+                )
+                if force_close is not None:
+                    force_close()
+            return app(environ, start_response)
+
+        return closing
+
+    def _stop_accepting(self) -> None:
+        """Draining began: stop accepting (the worker class says how)."""
+
+    def _prestop_waits(self) -> bool:
+        """Whether a preStop request may wait for draining (not with one thread)."""
+        return False
+
+    def _stopped(self) -> None:
+        self.shutdown_state.advance(Phase.STOPPING, "drained")
+        self.shutdown_state.advance(Phase.STOPPED, "shutdown complete")
+        logger.info("stopping -> stopped: shutdown complete")
+
+    def _start_if_signalled(self) -> None:
+        """At the start of ``run``: a SIGTERM that came while the app was imported."""
+        if self._signalled_at is not None and not self.shutdown_state.shutdown_requested:
+            self._request_shutdown(self._signalled_at, "SIGTERM (while the app was imported)")
+
+    def _decide(self) -> float | None:
+        """Ask the policy; begin draining if it says so.  Returns when to ask again."""
+        deadlines, requested_at = self._deadlines, self.shutdown_state.requested_at
+        assert deadlines is not None
+        assert requested_at is not None
+        decision = self._policy.decide(
+            PolicyInput(
+                now=time.monotonic(),
+                requested_at=requested_at,
+                last_connection_at=self._last_connection_at,
+                accept_deadline=deadlines.accept_by,
+            )
+        )
+        if decision.stop_accepting:
+            self._begin_draining(decision.reason)
+        return decision.recheck_at
+
+    def _arrived(self, at: float, path: str) -> None:
+        """A new connection's first request, for path ``path``, arrived at ``at``:
+        traffic for accept-until-idle unless it is a probe."""
+        if path not in self.middleware.probe_paths:
+            last = self._last_connection_at
+            if last is None or at > last:
+                self._last_connection_at = at
 
     def _watchdog(self) -> None:
         """Heartbeat while shutting down; end the process at the exit deadline."""
@@ -162,11 +232,13 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
         logging.shutdown()
         os._exit(1)
 
-    # --------------------------------------------------------------- the loop
+
+class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
+    """gunicorn's ``sync`` worker following graceful's shutdown policy
+    (``-k graceful.gunicorn.SyncWorker``)."""
 
     def run(self) -> None:
-        if self._signalled_at is not None and not self.shutdown_state.shutdown_requested:
-            self._request_shutdown(self._signalled_at, "SIGTERM (while the app was imported)")
+        self._start_if_signalled()
         for listener in self.sockets:
             listener.setblocking(False)
         heartbeat = self.timeout or 0.5
@@ -189,25 +261,7 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
                 break
         if self.shutdown_state.shutdown_requested:
             self._drain_backlog()
-            self.shutdown_state.advance(Phase.STOPPING, "drained")
-            self.shutdown_state.advance(Phase.STOPPED, "shutdown complete")
-            logger.info("stopping -> stopped: shutdown complete")
-
-    def _decide(self) -> float | None:
-        deadlines, requested_at = self._deadlines, self.shutdown_state.requested_at
-        assert deadlines is not None
-        assert requested_at is not None
-        decision = self._policy.decide(
-            PolicyInput(
-                now=time.monotonic(),
-                requested_at=requested_at,
-                last_connection_at=self._last_connection_at,
-                accept_deadline=deadlines.accept_by,
-            )
-        )
-        if decision.stop_accepting:
-            self._begin_draining(decision.reason)
-        return decision.recheck_at
+            self._stopped()
 
     def _ready(self, timeout: float) -> list[Any]:
         try:
@@ -232,18 +286,15 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
             if exc.errno in _AGAIN:
                 return False
             raise
-        arrived = time.monotonic()
+        self._accepted_at = time.monotonic()
         client.setblocking(True)
-        self._probe = False
         self.handle(listener, client, address)
-        if self.shutdown_state.shutdown_requested:
-            self._served += 1
-            if not self._probe:
-                self._last_connection_at = arrived
         return True
 
     def handle_request(self, listener: Any, req: Any, client: Any, addr: Any) -> None:
-        self._probe = req.path in self.middleware.probe_paths
+        if self.shutdown_state.shutdown_requested:
+            self._served += 1
+            self._arrived(self._accepted_at, req.path)
         super().handle_request(listener, req, client, addr)
 
     def _drain_backlog(self) -> None:
@@ -259,15 +310,92 @@ class SyncWorker(_StockSyncWorker):  # type: ignore[misc]
             listener.close()
 
 
+class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[misc]
+    """gunicorn's ``gthread`` worker following graceful's shutdown policy
+    (``-k graceful.gunicorn.ThreadWorker``).
+
+    gunicorn's loop, thread pool and keep-alive handling are kept.  At SIGTERM the worker
+    keeps accepting while a policy thread asks the policy; responses carry ``Connection:
+    close`` (kept-alive clients reconnect, to a new pod once the load balancer knows).
+    Once the policy says so gunicorn's own stop runs: the connections already queued are
+    accepted first (gunicorn 24+), in-flight requests finish, idle kept-alive
+    connections are closed.
+    """
+
+    def _prestop_waits(self) -> bool:
+        return int(self.cfg.threads) > 1
+
+    def run(self) -> None:
+        self._start_if_signalled()
+        try:
+            super().run()
+        finally:
+            if self.shutdown_state.shutdown_requested:
+                self._stopped()
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        """SIGINT, SIGQUIT: stop at once.  gunicorn's ``sys.exit`` here would wait for
+        the pool's threads, so a request that runs on would hold the worker."""
+        self.cfg.worker_int(self)
+        logging.shutdown()
+        os._exit(0)
+
+    def _request_shutdown(self, now: float, reason: str) -> None:
+        super()._request_shutdown(now, reason)
+        threading.Thread(
+            target=self._decide_until_draining, name="graceful-policy", daemon=True
+        ).start()
+
+    def _decide_until_draining(self) -> None:
+        while not self.shutdown_state.draining:
+            recheck = self._decide()
+            wait = 1.0 if recheck is None else max(0.0, recheck - time.monotonic())
+            self.shutdown_state.wait_for(Phase.DRAINING, wait)
+
+    def _stop_accepting(self) -> None:
+        self.alive = False  # gunicorn's loop stops accepting and drains
+        wake = getattr(getattr(self, "method_queue", None), "defer", None)
+        if wake is not None:  # gunicorn 25+: wake the loop now, not within 1 s
+            wake(lambda: None)
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        """gunicorn 24+: before the listeners leave the loop at the stop, accept what
+        already waits in the backlog (the stock worker leaves it to be reset)."""
+        if not enabled and self.shutdown_state.draining:
+            for listener in self.sockets:
+                for _ in range(self.cfg.worker_connections):
+                    if self.nr_conns >= self.cfg.worker_connections:
+                        break
+                    before = self.nr_conns
+                    self.accept(listener)
+                    if self.nr_conns == before:  # nothing was waiting
+                        break
+        super().set_accept_enabled(enabled)
+
+    def enqueue_req(self, conn: Any) -> None:
+        if not hasattr(conn, "graceful_arrived_at"):  # a new connection, not a kept-alive one
+            conn.graceful_arrived_at = time.monotonic()
+            conn.graceful_first = True
+        super().enqueue_req(conn)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        if self.shutdown_state.shutdown_requested:
+            self._served += 1
+            if getattr(conn, "graceful_first", False):
+                self._arrived(conn.graceful_arrived_at, req.path)
+        conn.graceful_first = False
+        return super().handle_request(req, conn)
+
+
 def _check_supported(values: _config.Values) -> None:
     if values["kubernetes"]:
         raise ConfigError(
-            f"{values.label('kubernetes')}: not supported by graceful.gunicorn.SyncWorker "
+            f"{values.label('kubernetes')}: not supported by the WSGI workers "
             "yet (the ASGI workers have it); the policy's idle window and "
             "--graceful-timeout apply"
         )
     if values["metrics_path"] is not None:
         raise ConfigError(
-            f"{values.label('metrics_path')}: not supported by graceful.gunicorn.SyncWorker "
+            f"{values.label('metrics_path')}: not supported by the WSGI workers "
             "yet (the ASGI workers have it)"
         )

@@ -24,7 +24,8 @@ gunicorn's own options):
 The same guarantees for the other servers, each importing only its own server:
 ``graceful.gunicorn.HypercornWorker`` (asyncio), ``HypercornUvloopWorker``,
 ``HypercornTrioWorker`` and ``AiohttpWorker``; for WSGI apps (Flask, Django),
-``graceful.gunicorn.SyncWorker``, gunicorn's ``sync`` worker with the policies.
+``graceful.gunicorn.SyncWorker`` and ``ThreadWorker``, gunicorn's ``sync`` and
+``gthread`` workers with the policies.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from ._hypercorn_worker import HypercornUvloopWorker as HypercornUvloopWorker
     from ._hypercorn_worker import HypercornWorker as HypercornWorker
     from ._wsgi_worker import SyncWorker as SyncWorker
+    from ._wsgi_worker import ThreadWorker as ThreadWorker
 
 __all__ = (
     "AiohttpWorker",
@@ -56,12 +58,14 @@ __all__ = (
     "HypercornUvloopWorker",
     "HypercornWorker",
     "SyncWorker",
+    "ThreadWorker",
     "UvicornH11Worker",
     "UvicornWorker",
 )
 
 _ELSEWHERE = {
     "SyncWorker": "graceful._wsgi_worker",
+    "ThreadWorker": "graceful._wsgi_worker",
     "AiohttpWorker": "graceful._aiohttp_worker",
     "HypercornWorker": "graceful._hypercorn_worker",
     "HypercornUvloopWorker": "graceful._hypercorn_worker",

@@ -53,7 +53,7 @@ class ShutdownState:
     """
 
     def __init__(self, *, nudge_clients: bool = True) -> None:
-        self.nudge_clients: Final = nudge_clients
+        self.nudge_clients = nudge_clients
         self._phase = Phase.SERVING
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)

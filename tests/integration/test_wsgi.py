@@ -11,10 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from .servers import RawHTTP, ServerProcess
+from .servers import RawHTTP, ServerProcess, wait_for
 
-pytest.importorskip("gunicorn")
+gunicorn = pytest.importorskip("gunicorn")
 pytest.importorskip("flask")
+
+GUNICORN = tuple(int(part) for part in gunicorn.__version__.split(".")[:2])
 
 FLASK = "tests.integration.wsgi_apps.flask_app:app"
 DJANGO = "tests.integration.wsgi_apps.django_app:application"
@@ -31,25 +33,37 @@ def started() -> Iterator[list[ServerProcess]]:
         server.stop()
 
 
+#: The graceful WSGI workers, each with the options it runs with here.
+WORKERS = {
+    "sync": ["-k", "graceful.gunicorn.SyncWorker"],
+    "gthread": ["-k", "graceful.gunicorn.ThreadWorker", "--threads", "4"],
+}
+
+
+@pytest.fixture(params=list(WORKERS))
+def worker(request: pytest.FixtureRequest) -> list[str]:
+    return WORKERS[request.param]
+
+
 def start(
     started: list[ServerProcess],
     *options: str,
+    worker: list[str],
     app: str = FLASK,
     workers: int = 1,
-    worker: str = "graceful.gunicorn.SyncWorker",
     env: dict[str, str] | None = None,
     wait: bool = True,
 ) -> ServerProcess:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GRACEFUL_")}
     server = ServerProcess(
-        [sys.executable, "-m", "gunicorn", app, "-k", worker, "-w", str(workers),
+        [sys.executable, "-m", "gunicorn", app, *worker, "-w", str(workers),
          "-b", "127.0.0.1:0", "--graceful-timeout", "10", *options],
         env={**environment, **(env or {})},
     )  # fmt: skip
     started.append(server)
     if wait:
         server.port = int(server.wait_for_line(LISTENING).group(1))
-        if "graceful" in worker:
+        if any("graceful" in word for word in worker):
             server.wait_for_line(BOOTED, count=workers)
     return server
 
@@ -75,9 +89,9 @@ def worker_pid(server: ServerProcess) -> int:
 
 @pytest.mark.parametrize("app", [FLASK, DJANGO], ids=["flask", "django"])
 def test_in_flight_request_completes_and_new_connections_are_served_while_accepting(
-    started: list[ServerProcess], app: str
+    started: list[ServerProcess], worker: list[str], app: str
 ) -> None:
-    server = start(started, app=app, env={"GRACEFUL_IDLE": "1"})
+    server = start(started, worker=worker, app=app, env={"GRACEFUL_IDLE": "1"})
     slow = RawHTTP(server.port)
     slow.send("/slow?s=1.5&id=long")
     server.wait_for_line("slow request started long")
@@ -96,9 +110,9 @@ def test_in_flight_request_completes_and_new_connections_are_served_while_accept
 
 
 def test_probes_do_not_count_as_traffic_and_readiness_fails_at_sigterm(
-    started: list[ServerProcess],
+    started: list[ServerProcess], worker: list[str]
 ) -> None:
-    server = start(started, env={"GRACEFUL_IDLE": "1"})
+    server = start(started, worker=worker, env={"GRACEFUL_IDLE": "1"})
     assert get(server.port, "/readyz")[0] == 200
     server.signal(signal.SIGTERM)
     server.wait_for_line(r"serving -> accepting")
@@ -116,36 +130,76 @@ def test_probes_do_not_count_as_traffic_and_readiness_fails_at_sigterm(
     assert server.has_line(r"accepting -> draining: no new connection for"), server.output()
 
 
-def test_drain_signal_is_in_the_environ(started: list[ServerProcess]) -> None:
-    server = start(started)
+def test_drain_signal_is_in_the_environ(started: list[ServerProcess], worker: list[str]) -> None:
+    server = start(started, worker=worker)
     assert get(server.port, "/draining")[2] == b"draining=False\n"
 
 
-def test_accept_backlog_queued_while_stopped_is_served(started: list[ServerProcess]) -> None:
-    """SIGSTOP the worker, queue 100 connections, SIGTERM, SIGCONT: 100 answers."""
-    server = start(started, env={"GRACEFUL_POLICY": "refuse-immediately"})
+def sigterm_pending(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return bool(pending & (1 << (signal.SIGTERM - 1)))
+
+
+def burst(server: ServerProcess, n: int = 100) -> list[int | None]:
+    """SIGSTOP the worker, queue ``n`` connections with a request each, SIGTERM to the
+    master, SIGCONT: each connection's status (``None``: refused or reset)."""
     pid = worker_pid(server)
+    assert get(server.port, "/?id=first")[0] == 200  # the worker's loop runs
     os.kill(pid, signal.SIGSTOP)
     try:
-        clients = [RawHTTP(server.port) for _ in range(100)]
+        clients = [RawHTTP(server.port) for _ in range(n)]
         for i, client in enumerate(clients):
             client.send(f"/?id={i}")
         server.signal(signal.SIGTERM)
-        server.wait_for_line(r"Handling signal: term")
+        # The master's SIGTERM waits in the stopped worker: it acts on it before anything.
+        wait_for(lambda: sigterm_pending(pid), 10, "SIGTERM pending in the worker")
     finally:
         os.kill(pid, signal.SIGCONT)
-    answers = [answer(client) for client in clients]
-    assert [status for status, _, _ in answers] == [200] * 100
-    assert [body for _, _, body in answers] == [f"hello from {i}\n".encode() for i in range(100)]
+    statuses: list[int | None] = []
+    for i, client in enumerate(clients):
+        try:
+            status, _, body = answer(client)
+        except OSError:
+            statuses.append(None)
+        else:
+            assert status != 200 or body == f"hello from {i}\n".encode()
+            statuses.append(status)
+    return statuses
+
+
+def test_accept_backlog_queued_while_stopped_is_served(
+    started: list[ServerProcess], worker: list[str]
+) -> None:
+    """The burst: 100 of 100 served."""
+    if "graceful.gunicorn.ThreadWorker" in worker and GUNICORN < (24,):
+        pytest.skip("gunicorn < 24's gthread loop has no seam to accept the backlog at the stop")
+    server = start(started, worker=worker, env={"GRACEFUL_POLICY": "refuse-immediately"})
+    assert burst(server) == [200] * 100
     assert server.wait_exit() == 0
 
 
+@pytest.mark.parametrize(
+    "stock", [["-k", "sync"], ["-k", "gthread", "--threads", "4"]], ids=["sync", "gthread"]
+)
+def test_stock_worker_resets_the_accept_backlog(
+    started: list[ServerProcess], stock: list[str]
+) -> None:
+    """What the graceful workers fix: stock ``sync`` and ``gthread`` stop accepting at
+    SIGTERM and leave the queued connections to be reset."""
+    server = start(started, worker=stock)
+    statuses = burst(server)
+    assert statuses.count(200) < 100, statuses
+    server.wait_exit()
+
+
 def test_worker_exits_before_the_kill_deadline_whatever_the_app_does(
-    started: list[ServerProcess],
+    started: list[ServerProcess], worker: list[str]
 ) -> None:
     """A request longer than --graceful-timeout: the worker ends itself before the
     master's SIGKILL (kill margin 1 s), and says so."""
-    server = start(started, "--graceful-timeout", "3", env={"GRACEFUL_IDLE": "0.2"})
+    server = start(started, "--graceful-timeout", "3", worker=worker, env={"GRACEFUL_IDLE": "0.2"})
     client = RawHTTP(server.port)
     client.send("/slow?s=30&id=stuck")
     server.wait_for_line("slow request started stuck")
@@ -155,8 +209,8 @@ def test_worker_exits_before_the_kill_deadline_whatever_the_app_does(
     assert not server.has_line(r"was sent SIGKILL|Worker .* was sent code 9")
 
 
-def test_sigquit_stops_at_once(started: list[ServerProcess]) -> None:
-    server = start(started)
+def test_sigquit_stops_at_once(started: list[ServerProcess], worker: list[str]) -> None:
+    server = start(started, worker=worker)
     client = RawHTTP(server.port)
     client.send("/slow?s=30&id=q")
     server.wait_for_line("slow request started q")
@@ -165,33 +219,62 @@ def test_sigquit_stops_at_once(started: list[ServerProcess]) -> None:
     assert not server.has_line(r"serving -> accepting")
 
 
-def test_bad_variable_stops_gunicorn_in_the_master(started: list[ServerProcess]) -> None:
-    server = start(started, env={"GRACEFUL_IDLE": "soon"}, wait=False)
+def test_bad_variable_stops_gunicorn_in_the_master(
+    started: list[ServerProcess], worker: list[str]
+) -> None:
+    server = start(started, worker=worker, env={"GRACEFUL_IDLE": "soon"}, wait=False)
     assert server.wait_exit() != 0
     assert server.has_line(r"GRACEFUL_IDLE")
     assert not server.has_line(r"Booting worker")
 
 
-def test_kubernetes_is_refused_with_the_reason(started: list[ServerProcess]) -> None:
-    server = start(started, env={"GRACEFUL_KUBERNETES": "1"}, wait=False)
+def test_kubernetes_is_refused_with_the_reason(
+    started: list[ServerProcess], worker: list[str]
+) -> None:
+    server = start(started, worker=worker, env={"GRACEFUL_KUBERNETES": "1"}, wait=False)
     assert server.wait_exit() != 0
-    assert server.has_line(r"GRACEFUL_KUBERNETES: not supported by graceful.gunicorn.SyncWorker")
+    assert server.has_line(r"GRACEFUL_KUBERNETES: not supported by the WSGI workers")
 
 
-def test_stock_sync_worker_refuses_the_late_connection(started: list[ServerProcess]) -> None:
-    """The loss the graceful worker prevents: stock ``-k sync`` stops accepting at
-    SIGTERM, so the connection a load balancer still sends is refused or reset."""
-    server = start(started, worker="sync")
-    slow = RawHTTP(server.port)
-    slow.send("/slow?s=1.5&id=long")
-    server.wait_for_line("slow request started long")
+def test_gthread_kept_alive_connection_gets_connection_close_then_is_closed(
+    started: list[ServerProcess],
+) -> None:
+    """A kept-alive connection used after SIGTERM: 200 with ``Connection: close``
+    (the client reconnects, to a pod still in the load balancer); one left idle is
+    closed once draining begins."""
+    server = start(started, worker=WORKERS["gthread"], env={"GRACEFUL_IDLE": "1"})
+    used, idle = RawHTTP(server.port), RawHTTP(server.port)
+    for client in (used, idle):
+        assert client.get("/?id=before")[0] == 200  # kept alive
     server.signal(signal.SIGTERM)
-    server.wait_for_line(r"Handling signal: term")
-    try:
-        late = RawHTTP(server.port)
-        late.send("/?id=late")
-        status = answer(late)[0]
-    except OSError:
-        status = None
-    assert status is None
-    assert answer(slow)[0] == 200
+    server.wait_for_line(r"serving -> accepting: SIGTERM")
+    status, headers, body = used.get("/?id=after")
+    assert (status, headers.get("connection"), body) == (200, "close", b"hello from after\n")
+    assert idle.closed_by_peer()
+    assert server.wait_exit() == 0
+
+
+def test_stream_ends_cleanly_when_draining_begins(started: list[ServerProcess]) -> None:
+    """examples/wsgi_flask.py under ThreadWorker: the open event stream gets its last
+    event and a complete (chunked) end once draining begins; the worker exits 0."""
+    server = start(
+        started,
+        worker=WORKERS["gthread"],
+        app="examples.wsgi_flask:app",
+        env={"GRACEFUL_IDLE": "0.5"},
+    )
+    client = RawHTTP(server.port)
+    client.send("/events?interval=0.2")
+    client.sock.settimeout(10)
+    received = b""
+    while b"data: 1\n" not in received:
+        received += client.sock.recv(65536)
+    server.signal(signal.SIGTERM)
+    while not received.endswith(b"0\r\n\r\n"):  # the last chunk
+        chunk = client.sock.recv(65536)
+        assert chunk, received
+        received += chunk
+    assert b"event: bye" in received
+    client.sock.close()
+    assert server.wait_exit() == 0
+    assert server.has_line(r"accepting -> draining")
