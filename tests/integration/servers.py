@@ -30,6 +30,22 @@ DRAINING = r"accepting -> draining"
 STOPPED = r"stopping -> stopped"
 
 
+def sigstop(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (``/proc``).  The stop takes effect
+    asynchronously: a signal sent meanwhile may still be delivered first, and a
+    connection accepted, by a process the test takes for stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: _state(pid) in ("T", "t"), timeout_s, f"process {pid} stopped")
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+
+
 class ServerProcess:
     """A server subprocess whose merged output is read line by line in a thread.
 
@@ -105,7 +121,10 @@ class ServerProcess:
             due = last + DUPLICATE_WINDOW_S + 0.05
             while time.monotonic() < due:
                 time.sleep(due - time.monotonic())
-        self.proc.send_signal(sig)
+        if sig == signal.SIGSTOP:
+            sigstop(self.proc.pid)
+        else:
+            self.proc.send_signal(sig)
         self._sent[sig] = time.monotonic()
 
     def wait_exit(self, timeout_s: float = 15.0) -> int:

@@ -30,7 +30,15 @@ from websockets.sync.client import connect as ws_connect
 
 from graceful._coordinator import DUPLICATE_WINDOW_S
 
-from .servers import ACCEPTING, DRAINING, STOPPED, RawHTTP, ServerProcess, connection_refused
+from .servers import (
+    ACCEPTING,
+    DRAINING,
+    STOPPED,
+    RawHTTP,
+    ServerProcess,
+    connection_refused,
+    sigstop,
+)
 
 pytest.importorskip("aiohttp")
 
@@ -61,7 +69,10 @@ class AiohttpServer(ServerProcess):
             due = time.monotonic() + DUPLICATE_WINDOW_S + 0.05
             while time.monotonic() < due:
                 time.sleep(due - time.monotonic())
-        os.kill(self.worker_pid, sig)
+        if sig == signal.SIGSTOP:
+            sigstop(self.worker_pid)
+        else:
+            os.kill(self.worker_pid, sig)
 
 
 def app_command(mode: str, options: dict[str, str]) -> list[str]:

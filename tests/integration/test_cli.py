@@ -20,7 +20,7 @@ import pytest
 from graceful._config import OPTIONS, Option
 from graceful._policy import POLICIES
 
-from .servers import ACCEPTING, ROOT, RawHTTP, ServerProcess
+from .servers import ACCEPTING, ROOT, RawHTTP, ServerProcess, sigstop
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 
@@ -345,7 +345,7 @@ def test_sigterm_to_the_parent_drains_both_workers(started: list[ServerProcess])
     clients = []
     # One slow request on each worker: the other one is stopped while it connects.
     for stopped in (second, first):
-        os.kill(stopped, signal.SIGSTOP)
+        sigstop(stopped)
         try:
             client = RawHTTP(server.port)
             client.send("/slow?s=1.5")

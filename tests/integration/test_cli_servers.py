@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .servers import ACCEPTING, STOPPED, RawHTTP, ServerProcess
+from .servers import ACCEPTING, STOPPED, RawHTTP, ServerProcess, sigstop
 from .test_cli import workers
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
@@ -303,7 +303,7 @@ def test_tls_backlog_queued_at_sigterm_is_served(
             queued.release()
             results.append(exc)
 
-    os.kill(server.proc.pid, signal.SIGSTOP)
+    sigstop(server.proc.pid)
     try:
         threads = [threading.Thread(target=client) for _ in range(count)]
         for thread in threads:
@@ -373,7 +373,7 @@ def test_server_workers_drain_both(
     clients = []
     # One slow request on each worker: the other one is stopped while it connects.
     for stopped in (second, first):
-        os.kill(stopped, signal.SIGSTOP)
+        sigstop(stopped)
         try:
             client = connect(server.port)
             send(client, "/slow")

@@ -14,6 +14,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from graceful import Phase
 from graceful._events import parse_event
 
@@ -150,6 +152,35 @@ def test_demo_runs_hypercorn_and_aiohttp_stock_and_graceful(tmp_path: Path) -> N
             phases = [mark["phase"] for mark in outcome["a_phases"]]
             assert phases == ["accepting", "draining", "stopping", "stopped"], outcome
     assert set(_panels(plot)) == set(servers)
+
+
+def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(tmp_path: Path) -> None:
+    """Issue 22: the rolling restart with a 1.5 s propagation delay loses requests with
+    stock ``sync`` and ``gthread`` and none with graceful's workers; the long request
+    completes and A exits before SIGKILL."""
+    pytest.importorskip("flask")
+    servers = [
+        "gunicorn-sync", "graceful-sync:accept-until-idle",
+        "gunicorn-gthread", "graceful-gthread:accept-until-idle",
+    ]  # fmt: skip
+    report = tmp_path / "demo.json"
+    result = _demo(
+        "--servers", ",".join(servers), "--propagation-delay", "1.5", "--warmup", "1",
+        "--tail", "0.3", "--keepalive-clients", "2", "--fresh-clients", "2",
+        "--long-requests", "1", "--long-request-s", "1", "--websockets", "1",
+        "--json", str(report),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcomes = {o["server"]: o for o in json.loads(report.read_text())["outcomes"]}
+    assert list(outcomes) == servers
+    for name in servers:
+        outcome = outcomes[name]
+        assert outcome["requests"] > 50, outcome
+        assert outcome["a_ended"] == "exited 0", outcome  # not SIGKILLed
+        if outcome["policy"] is None:
+            assert outcome["failed"] > 0, outcome
+        else:
+            assert outcome["failed"] == 0, outcome
 
 
 def test_demo_rejects_unknown_server() -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .servers import RawHTTP, ServerProcess, wait_for
+from .servers import RawHTTP, ServerProcess, sigstop, wait_for
 
 gunicorn = pytest.importorskip("gunicorn")
 pytest.importorskip("flask")
@@ -135,9 +135,13 @@ def test_drain_signal_is_in_the_environ(started: list[ServerProcess], worker: li
     assert get(server.port, "/draining")[2] == b"draining=False\n"
 
 
+def status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as lines:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
+
+
 def sigterm_pending(pid: int) -> bool:
-    with open(f"/proc/{pid}/status") as status:
-        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    fields = status(pid)
     pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
     return bool(pending & (1 << (signal.SIGTERM - 1)))
 
@@ -147,7 +151,7 @@ def burst(server: ServerProcess, n: int = 100) -> list[int | None]:
     master, SIGCONT: each connection's status (``None``: refused or reset)."""
     pid = worker_pid(server)
     assert get(server.port, "/?id=first")[0] == 200  # the worker's loop runs
-    os.kill(pid, signal.SIGSTOP)
+    sigstop(pid)  # stopped before the SIGTERM comes, which the kernel may deliver first
     try:
         clients = [RawHTTP(server.port) for _ in range(n)]
         for i, client in enumerate(clients):

@@ -111,11 +111,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if unknown or not names:
         parser.error(f"--servers: unknown {unknown!r}; choose from {', '.join(ALL_SERVERS)}")
     args.kinds = [ALL_SERVERS[n] for n in names]
-    for server in dict.fromkeys(kind.server for kind in args.kinds):
-        if importlib.util.find_spec(server) is None:
-            parser.error(
-                f"--servers: {server} is not installed: pip install 'graceful-drain[{server}]'"
-            )
+    for kind in args.kinds:
+        for module in kind.needs:
+            if importlib.util.find_spec(module) is None:
+                install = "flask" if module == "flask" else f"'graceful-drain[{module}]'"
+                parser.error(f"--servers: {kind.name} needs {module}: pip install {install}")
     if args.grace_period is None:
         args.grace_period = 15.0 if args.kubernetes else 6.0
     for name in ("propagation_delay", "grace_period", "idle", "warmup", "tail", "long_request_s"):

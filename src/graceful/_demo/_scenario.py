@@ -63,6 +63,19 @@ __all__ = (
 
 POLICIES = ("accept-until-idle", "serve-until-killed", "refuse-immediately")
 
+#: The WSGI rows: gunicorn's stock worker, graceful's, and the options both run with
+#: (four sync processes, as one cannot serve the clients beside a long request; one
+#: gthread process with eight threads).
+WSGI_WORKERS = {
+    "gunicorn-sync": ("sync", "graceful.gunicorn.SyncWorker", ["-w", "4"]),
+    "gunicorn-gthread": (
+        "gthread",
+        "graceful.gunicorn.ThreadWorker",
+        ["-w", "1", "--threads", "8"],
+    ),
+}
+WSGI_IMPORT_STRING = "graceful._demo.wsgi_app:app"
+
 
 @dataclass(frozen=True)
 class ServerKind:
@@ -73,14 +86,36 @@ class ServerKind:
     server: str = "uvicorn"  # or "hypercorn", "aiohttp"
 
     @property
+    def wsgi(self) -> bool:
+        """A gunicorn WSGI worker (``sync``, ``gthread``) serving the Flask demo app."""
+        return self.server in WSGI_WORKERS
+
+    @property
     def reports_phases(self) -> bool:
-        """Whether its backends write phase events (graceful ones do, stock ones cannot)."""
-        return self.policy is not None
+        """Whether its backends write phase events (graceful ASGI ones do; stock ones
+        cannot, and the WSGI workers have no event pipe: the demo marks their SIGTERM)."""
+        return self.policy is not None and not self.wsgi
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The modules its backends import."""
+        return ("gunicorn", "flask") if self.wsgi else (self.server,)
 
     def command(
         self, port: int, *, grace_period_s: float, idle_s: float, events_fd: int | None
     ) -> list[str]:
         """The command line of one backend on ``port``, events to ``events_fd``."""
+        if self.wsgi:
+            stock, graceful, options = WSGI_WORKERS[self.server]
+            policy = []
+            if self.policy is not None:
+                policy = ["-e", f"GRACEFUL_POLICY={self.policy}", "-e", f"GRACEFUL_IDLE={idle_s:g}"]
+            return [
+                sys.executable, "-m", "gunicorn", WSGI_IMPORT_STRING,
+                "-k", stock if self.policy is None else graceful, *options,
+                "-b", f"127.0.0.1:{port}", "--graceful-timeout", f"{grace_period_s:g}",
+                "--log-level", "warning", *policy,
+            ]  # fmt: skip
         if self.policy is None and self.server == "uvicorn":
             return [
                 sys.executable, "-m", "uvicorn", IMPORT_STRING,
@@ -106,13 +141,15 @@ def _kinds(server: str, prefix: str) -> list[ServerKind]:
 
 
 #: Every server the demo can run, by name.  uvicorn's graceful rows keep their short
-#: ``graceful:POLICY`` names; hypercorn's and aiohttp's say which server they are.
+#: ``graceful:POLICY`` names; the others say which server they are.
 ALL_SERVERS: dict[str, ServerKind] = {
     kind.name: kind
     for kind in (
         *_kinds("uvicorn", "graceful"),
         *_kinds("hypercorn", "graceful-hypercorn"),
         *_kinds("aiohttp", "graceful-aiohttp"),
+        *_kinds("gunicorn-sync", "graceful-sync"),
+        *_kinds("gunicorn-gthread", "graceful-gthread"),
     )
 }
 
@@ -219,8 +256,10 @@ async def run_scenario(
         )
         for _ in range(count)
     ]  # fmt: skip
-    loops += [websocket_client_loop(balancer.port, outcome.tally, stop)
-              for _ in range(args.websockets)]  # fmt: skip
+    loops += [
+        websocket_client_loop(balancer.port, outcome.tally, stop)
+        for _ in range(0 if kind.wsgi else args.websockets)
+    ]  # WSGI: no websockets
     load = asyncio.gather(*loops)
     outcome.load_started_at = outcome.tally.elapsed()
     try:
