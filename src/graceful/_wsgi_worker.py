@@ -100,6 +100,10 @@ class _GracefulWSGIWorker:
         self._drain_timeout_s: float = coordinator["drain_timeout_s"]
         self._kill_margin_s: float = coordinator["kill_margin_s"]
         self.shutdown_state.nudge_clients = getattr(self._policy, "nudge_clients", True)
+        self.shutdown_state.on_request = lambda reason: self._request_shutdown(
+            time.monotonic(), reason
+        )
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # see _request_shutdown
         middleware = _config.middleware_kwargs(values)
         super().load_wsgi()  # type: ignore[misc]
         app: Any = self.wsgi
@@ -133,6 +137,9 @@ class _GracefulWSGIWorker:
             self._begin_draining("SIGTERM (escalated)")
 
     def _request_shutdown(self, now: float, reason: str) -> None:
+        """Start the policy (a SIGTERM, or the preStop endpoint from a request's thread)."""
+        if self._deadlines is not None:  # started already
+            return
         self._deadlines = plan(
             requested_at=now,
             grace_period_s=float(self.cfg.graceful_timeout),
@@ -141,13 +148,13 @@ class _GracefulWSGIWorker:
             drain_timeout_s=self._drain_timeout_s,
             kill_margin_s=self._kill_margin_s,
         )
-        if self.shutdown_state.request_shutdown(reason):
-            logger.info("serving -> accepting: %s", reason)
+        self.shutdown_state.request_shutdown(reason)
+        logger.info("serving -> accepting: %s", reason)
         threading.Thread(target=self._watchdog, name="graceful-watchdog", daemon=True).start()
         exit_by, kill = self._deadlines.exit_by, self._deadlines.kill
-        # Last resort for an app that holds the interpreter: SIGALRM's default action.
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.setitimer(signal.ITIMER_REAL, max(0.001, (exit_by + kill) / 2 - now))
+        # Last resort for an app that holds the interpreter: SIGALRM, whose action is
+        # the default (load_wsgi), ends the process halfway through the last margin.
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, (exit_by + kill) / 2 - time.monotonic()))
 
     def _begin_draining(self, reason: str) -> None:
         deadlines = self._deadlines
@@ -341,6 +348,8 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
         os._exit(0)
 
     def _request_shutdown(self, now: float, reason: str) -> None:
+        if self._deadlines is not None:  # started already
+            return
         super()._request_shutdown(now, reason)
         threading.Thread(
             target=self._decide_until_draining, name="graceful-policy", daemon=True

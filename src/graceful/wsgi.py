@@ -60,6 +60,9 @@ class ShutdownState:
         self.requested_at: float | None = None
         self.drain_deadline: float | None = None
         self.reason = ""
+        #: Called with the reason when shutdown is first requested (by the preStop
+        #: endpoint, say): the server starts its policy there.
+        self.on_request: Callable[[str], object] | None = None
 
     @property
     def phase(self) -> Phase:
@@ -96,8 +99,12 @@ class ShutdownState:
             return True
 
     def request_shutdown(self, reason: str = "requested") -> bool:
-        """Shutdown was requested: stop being ready (``False`` if it was already)."""
-        return self.advance(Phase.ACCEPTING, reason)
+        """Shutdown was requested: stop being ready (``False`` if it was already).
+        ``on_request``, if set, is called with ``reason`` the first time."""
+        advanced = self.advance(Phase.ACCEPTING, reason)
+        if advanced and self.on_request is not None:
+            self.on_request(reason)
+        return advanced
 
     def begin_draining(self, reason: str, *, drain_deadline: float | None = None) -> bool:
         """No new connections from now on; in-flight requests finish."""

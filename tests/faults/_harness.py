@@ -54,6 +54,10 @@ RUNNING = r"running on http://127\.0\.0\.1:(\d+)"
 LISTENING = r"listening on http://127\.0\.0\.1:(\d+)"
 GUNICORN_LISTENING = r"Listening at: http://127\.0\.0\.1:(\d+)"
 STARTED = r"Application startup complete"
+#: graceful's WSGI workers, and the line each logs once its app is loaded.
+WSGI_WORKERS = ("SyncWorker", "ThreadWorker")
+WSGI_READY = r"policy .*; kill deadline"
+WSGI_APP = "tests.faults.apps.wsgi:app"
 ACCEPTING = r"serving -> accepting"
 DRAINING = r"-> draining"
 STOPPING = r"-> stopping"
@@ -186,7 +190,9 @@ class Harness:
         server = self.start(args, env)
         if wait:
             server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20).group(1))
-            server.wait_for_line(STARTED, timeout_s=20, count=workers)
+            # A WSGI worker has no lifespan: it says its policy once the app is loaded.
+            ready = WSGI_READY if worker_class in WSGI_WORKERS else STARTED
+            server.wait_for_line(ready, timeout_s=20, count=workers)
         return server
 
     def run_to_exit(

@@ -27,6 +27,7 @@ SECTIONS = [
     "test_deadlines",
     "test_signals",
     "test_workers",
+    "test_wsgi_workers",
     "test_bad_input",
 ]
 
@@ -35,7 +36,7 @@ INTRO = """\
 
 What happens to clients when a graceful-drain server is stopped in the worst possible
 way. Every case in `tests/faults/` starts a real server as a subprocess on 127.0.0.1
-(`graceful run`, or gunicorn with `graceful.gunicorn.UvicornWorker`), drives it with
+(`graceful run`, or gunicorn with one of graceful's workers), drives it with
 real clients over raw sockets and real signals, and checks two things: what **every
 client saw**, and what **the app handled** — the test apps log `handled <id>` for each
 response they produced, and a request the app handled whose response never reached its

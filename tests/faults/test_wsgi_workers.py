@@ -1,0 +1,239 @@
+"""WSGI workers: gunicorn's sync and gthread with graceful's policies.
+
+``graceful.gunicorn.SyncWorker`` and ``ThreadWorker`` serving a WSGI app
+(``tests/faults/apps/wsgi.py``) under a real gunicorn master: the accept edge, kept-alive
+connections, the kill deadline (a request that sleeps, one that holds the GIL), signals
+and bad settings.  Clients close their end once answered, as HTTP clients do on
+``Connection: close`` (gunicorn's sync worker waits up to 2 s for that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+
+from ._harness import (
+    WSGI_APP,
+    Client,
+    Harness,
+    alive,
+    collect,
+    handled,
+    outcomes,
+    signal_pending,
+    stopped,
+    summarize,
+    wait_for,
+    worker_pids,
+)
+
+pytest.importorskip("gunicorn")
+
+POLICY_ENV = {
+    "accept-until-idle": {"GRACEFUL_POLICY": "accept-until-idle", "GRACEFUL_IDLE": "0.3"},
+    "refuse-immediately": {"GRACEFUL_POLICY": "refuse-immediately"},
+    "serve-until-killed": {"GRACEFUL_POLICY": "serve-until-killed", "GRACEFUL_MAX_WAIT": "0.5"},
+}
+THREADS = ["--threads", "4"]
+
+
+def options(worker: str) -> list[str]:
+    return THREADS if worker == "ThreadWorker" else []
+
+
+def answered_and_closed(client: Client) -> bool:
+    """``collect``'s ``until``: once answered, the client half-closes, as curl does."""
+    if client.done and client.sock is not None:
+        with contextlib.suppress(OSError):
+            client.sock.shutdown(socket.SHUT_WR)
+        return True
+    return False
+
+
+def burst(
+    harness: Harness, worker: str, policy: str, n: int, record: Callable[[str], None]
+) -> None:
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", *options(worker),
+        app=WSGI_APP, worker_class=worker, env=POLICY_ENV[policy],
+    )  # fmt: skip
+    (pid,) = worker_pids(server)
+    with stopped(pid):
+        clients = [Client.connect(server.port) for _ in range(n)]
+        for i, client in enumerate(clients):
+            client.request("/", f"b{i}")
+        began = time.monotonic()
+        server.signal(signal.SIGTERM)
+        wait_for(lambda: signal_pending(pid, signal.SIGTERM), 10, f"SIGTERM pending in {pid}")
+    collect(clients, 20, until=answered_and_closed)
+    results = outcomes(clients)
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; exit {code} {time.monotonic() - began:.1f} s after SIGTERM")
+    assert [r for r in results if r.kind != "ok" or r.status != 200] == []
+    assert set(handled(server)) == {r.rid for r in results}
+    assert code == 0
+
+
+@pytest.mark.parametrize("policy", list(POLICY_ENV))
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_burst(harness: Harness, record: Callable[[str], None], worker: str, policy: str) -> None:
+    """100 requests queued while the worker is stopped, SIGTERM to the master, SIGCONT:
+    all answered 200"""
+    if worker == "ThreadWorker" and _gunicorn() < (24,):
+        pytest.skip("gunicorn < 24's gthread loop has no seam to accept the backlog")
+    burst(harness, worker, policy, 100, record)
+
+
+@pytest.mark.parametrize("repetition", range(5))
+def test_burst_gthread_refuse_immediately_repeated(
+    harness: Harness, record: Callable[[str], None], repetition: int
+) -> None:
+    """The racy case again (ThreadWorker, refuse-immediately, 200 queued): all answered"""
+    if _gunicorn() < (24,):
+        pytest.skip("gunicorn < 24's gthread loop has no seam to accept the backlog")
+    burst(harness, "ThreadWorker", "refuse-immediately", 200, record)
+
+
+def test_kept_alive_connections_at_sigterm(harness: Harness, record: Callable[[str], None]) -> None:
+    """ThreadWorker, 4 kept-alive connections at SIGTERM: the two that send again are
+    answered 200 with ``Connection: close``, the two idle ones are closed cleanly"""
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", "--keep-alive", "30", *THREADS,
+        app=WSGI_APP, worker_class="ThreadWorker", env=POLICY_ENV["accept-until-idle"],
+    )  # fmt: skip
+    clients = [Client.connect(server.port) for _ in range(4)]
+    for i, client in enumerate(clients):
+        client.request("/", f"k{i}")
+        assert client.response().status == 200
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(r"serving -> accepting: SIGTERM")
+    busy, idle = clients[:2], clients[2:]
+    for i, client in enumerate(busy):
+        client.request("/", f"again{i}")
+    again = [client.response() for client in busy]
+    closed = [client.closed_by_peer(10) for client in idle]
+    code = server.wait_exit(20)
+    record(
+        f"again: {[r.status for r in again]}, "
+        f"Connection: {[r.headers.get('connection') for r in again]}; "
+        f"idle closed: {closed}; exit {code}"
+    )
+    assert [r.status for r in again] == [200, 200]
+    assert [r.headers.get("connection") for r in again] == ["close", "close"]
+    assert closed == [True, True]
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("worker", "path"),
+    [
+        ("SyncWorker", "/slow?s=60"),
+        ("ThreadWorker", "/slow?s=60"),
+        ("SyncWorker", "/gil?s=60"),
+        ("ThreadWorker", "/gil?s=60"),
+    ],
+    ids=["sync-sleeps", "gthread-sleeps", "sync-holds-gil", "gthread-holds-gil"],
+)
+def test_request_past_the_kill_deadline(
+    harness: Harness, record: Callable[[str], None], worker: str, path: str
+) -> None:
+    """A request that outlives --graceful-timeout 3 (sleeping, or holding the GIL in C):
+    the worker is gone before the master's SIGKILL, which is never sent"""
+    server = harness.gunicorn(
+        "--graceful-timeout", "3", *options(worker),
+        app=WSGI_APP, worker_class=worker, env=POLICY_ENV["refuse-immediately"],
+    )  # fmt: skip
+    (pid,) = worker_pids(server)
+    client = Client.connect(server.port)
+    client.request(path, "stuck")
+    server.wait_for_line(r"started stuck")
+    began = time.monotonic()
+    server.signal(signal.SIGTERM)
+    wait_for(lambda: not alive(pid), 10, f"worker {pid} gone")
+    gone_after = time.monotonic() - began
+    code = server.wait_exit(10)
+    how = "watchdog" if server.has_line(r"a request still runs: exiting now") else "alarm"
+    record(f"worker gone {gone_after:.1f} s after SIGTERM ({how}); master exit {code}")
+    assert not server.has_line(r"SIGKILL")  # gunicorn logs a worker it had to SIGKILL
+    assert code == 0
+
+
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_process_group_sigterm_is_not_an_escalation(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """``kill -TERM -- -PGID``: the worker gets the master's copy too; the in-flight
+    request is answered 200 and a new connection is still served while accepting"""
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", *options(worker),
+        app=WSGI_APP, worker_class=worker, env={"GRACEFUL_IDLE": "1"},
+    )  # fmt: skip
+    slow = Client.connect(server.port)
+    slow.request("/slow?s=1.5", "inflight")
+    server.wait_for_line(r"started inflight")
+    os.killpg(os.getpgid(server.proc.pid), signal.SIGTERM)
+    server.wait_for_line(r"serving -> accepting: SIGTERM")
+    late = Client.connect(server.port)
+    late.request("/", "late")
+    collect([slow, late], 10, until=answered_and_closed)
+    results = outcomes([slow, late])
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; escalated: {server.has_line('escalated')}; exit {code}")
+    assert [(r.kind, r.status) for r in results] == [("ok", 200), ("ok", 200)]
+    assert not server.has_line("escalated")
+    assert code == 0
+
+
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_sigterm_while_the_app_is_imported(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """SIGTERM while the worker imports the app (1.5 s): not lost, not fatal — the
+    worker starts the policy once it serves and exits 0"""
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", *options(worker),
+        app="tests.faults.apps.wsgi_slow_import:app", worker_class=worker,
+        env=POLICY_ENV["refuse-immediately"], wait=False,
+    )  # fmt: skip
+    server.wait_for_line(r"importing app")
+    server.signal(signal.SIGTERM)
+    code = server.wait_exit(20)
+    record(f"exit {code}; {'policy started' if server.has_line('serving -> accepting') else '-'}")
+    assert server.has_line(r"serving -> accepting: SIGTERM \(while the app was imported\)")
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "name"),
+    [
+        ({"GRACEFUL_IDLE": "soon"}, "GRACEFUL_IDLE"),
+        ({"GRACEFUL_POLICY": "drain-maybe"}, "GRACEFUL_POLICY"),
+        ({"GRACEFUL_KUBERNETES": "1"}, "GRACEFUL_KUBERNETES"),
+    ],
+    ids=["idle", "policy", "kubernetes"],
+)
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_bad_setting_stops_gunicorn_in_the_master(
+    harness: Harness, record: Callable[[str], None], worker: str, env: dict[str, str], name: str
+) -> None:
+    """A bad or unsupported GRACEFUL_* value: gunicorn exits in the master with one line
+    naming it; no worker boots"""
+    server = harness.gunicorn(app=WSGI_APP, worker_class=worker, env=env, wait=False)
+    code = server.wait_exit(20)
+    lines = [line for line in server.output().splitlines() if name in line]
+    record(f"exit {code}: {lines[0].strip() if lines else '-'}")
+    assert code != 0
+    assert lines
+    assert not server.has_line(r"Booting worker")
+
+
+def _gunicorn() -> tuple[int, ...]:
+    import gunicorn
+
+    return tuple(int(part) for part in gunicorn.__version__.split(".")[:2])
