@@ -43,7 +43,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.config import AccessLogFormat
 from gunicorn.workers.base import Worker
 
-from . import _config
+from . import _config, _logging
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 from ._signals import catch_signals, defer_signals
@@ -73,10 +73,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
 
     def init_process(self) -> None:
         # graceful's log lines go where gunicorn's error log goes.
-        graceful_logger = logging.getLogger("graceful")
-        graceful_logger.handlers = self.log.error_log.handlers
-        graceful_logger.setLevel(logging.INFO)
-        graceful_logger.propagate = False
+        _logging.to_gunicorn(self.log.error_log)
         # A fresh event loop after the fork (gunicorn's master runs none).
         self.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self.loop)

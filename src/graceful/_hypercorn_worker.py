@@ -26,7 +26,6 @@ shutdown policy (``GRACEFUL_POLICY``, ``GRACEFUL_IDLE``, … — see ``graceful 
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -37,7 +36,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 from hypercorn.config import Config, Sockets
 
-from . import _config
+from . import _config, _logging
 from ._coordinator import ShutdownCoordinator
 from ._signals import defer_signals
 from .hypercorn import WorkerClass, serve
@@ -55,10 +54,7 @@ class HypercornWorker(Worker):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        graceful_logger = logging.getLogger("graceful")
-        graceful_logger.handlers = self.log.error_log.handlers
-        graceful_logger.setLevel(logging.INFO)
-        graceful_logger.propagate = False
+        _logging.to_gunicorn(self.log.error_log)
         self.config = self._hypercorn_config()
         self.coordinator: ShutdownCoordinator | None = None
         self.middleware_options: dict[str, Any] = {}

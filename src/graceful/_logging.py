@@ -27,6 +27,7 @@ __all__ = (
     "configured",
     "level_of",
     "through",
+    "to_gunicorn",
     "to_stderr",
 )
 
@@ -93,6 +94,14 @@ def _stderr_handler() -> logging.Handler:
 def _install(handler: logging.Handler, level: int) -> None:
     LOGGER.addHandler(handler)
     LOGGER.setLevel(level)
+    LOGGER.propagate = False
+
+
+def to_gunicorn(worker_log: logging.Logger) -> None:
+    """In a gunicorn worker: graceful's lines go where gunicorn's error log goes, in its
+    format, at INFO (``worker_log``: the worker's ``self.log.error_log``)."""
+    LOGGER.handlers = worker_log.handlers
+    LOGGER.setLevel(logging.INFO)
     LOGGER.propagate = False
 
 

@@ -38,7 +38,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
-from . import _config
+from . import _config, _logging
 from ._config import ConfigError
 from ._coordinator import DUPLICATE_WINDOW_S
 from ._deadlines import Deadlines, plan
@@ -74,10 +74,7 @@ class _GracefulWSGIWorker:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        graceful_logger = logging.getLogger("graceful")
-        graceful_logger.handlers = self.log.error_log.handlers
-        graceful_logger.setLevel(logging.INFO)
-        graceful_logger.propagate = False
+        _logging.to_gunicorn(self.log.error_log)
         self.shutdown_state = ShutdownState()
         self._deadlines: Deadlines | None = None
         self._last_connection_at: float | None = None

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
-from . import _config
+from . import _config, _logging
 from ._config import ConfigError
 from ._signals import defer_signals
 
@@ -138,10 +138,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
             target.handlers = source.handlers
             target.setLevel(source.level)
             target.propagate = False
-        graceful_logger = logging.getLogger("graceful")
-        graceful_logger.handlers = self.log.error_log.handlers
-        graceful_logger.setLevel(logging.INFO)
-        graceful_logger.propagate = False
+        _logging.to_gunicorn(self.log.error_log)
         config_kwargs: dict[str, Any] = {
             "app": None,
             "log_config": None,

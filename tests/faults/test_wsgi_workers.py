@@ -212,9 +212,9 @@ def test_sigterm_while_the_app_is_imported(
 @pytest.mark.parametrize(
     ("env", "name"),
     [
-        ({"GRACEFUL_IDLE": "soon"}, "GRACEFUL_IDLE"),
-        ({"GRACEFUL_POLICY": "drain-maybe"}, "GRACEFUL_POLICY"),
-        ({"GRACEFUL_KUBERNETES": "1"}, "GRACEFUL_KUBERNETES"),
+        ({"GRACEFUL_IDLE": "soon"}, "GRACEFUL_IDLE: "),
+        ({"GRACEFUL_POLICY": "drain-maybe"}, "GRACEFUL_POLICY: "),
+        ({"GRACEFUL_KUBERNETES": "1"}, "GRACEFUL_KUBERNETES: not supported by the WSGI workers"),
     ],
     ids=["idle", "policy", "kubernetes"],
 )

@@ -223,23 +223,6 @@ def test_sigquit_stops_at_once(started: list[ServerProcess], worker: list[str]) 
     assert not server.has_line(r"serving -> accepting")
 
 
-def test_bad_variable_stops_gunicorn_in_the_master(
-    started: list[ServerProcess], worker: list[str]
-) -> None:
-    server = start(started, worker=worker, env={"GRACEFUL_IDLE": "soon"}, wait=False)
-    assert server.wait_exit() != 0
-    assert server.has_line(r"GRACEFUL_IDLE")
-    assert not server.has_line(r"Booting worker")
-
-
-def test_kubernetes_is_refused_with_the_reason(
-    started: list[ServerProcess], worker: list[str]
-) -> None:
-    server = start(started, worker=worker, env={"GRACEFUL_KUBERNETES": "1"}, wait=False)
-    assert server.wait_exit() != 0
-    assert server.has_line(r"GRACEFUL_KUBERNETES: not supported by the WSGI workers")
-
-
 def test_gthread_kept_alive_connection_gets_connection_close_then_is_closed(
     started: list[ServerProcess],
 ) -> None:
