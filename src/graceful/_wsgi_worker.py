@@ -17,7 +17,9 @@ with the ``GRACEFUL_*`` variables of the other graceful workers (checked in the 
   in a long request, and exits before gunicorn's ``--graceful-timeout`` whatever the
   app does: a watchdog thread ends the process ``GRACEFUL_KILL_MARGIN`` before it, and
   if the app holds the interpreter (a C extension that never releases the GIL) an
-  alarm signal with its default action ends it halfway through the margin;
+  alarm signal with its default action, armed at SIGTERM, ends it a quarter into the
+  last margin (an app that holds it when SIGTERM arrives delays even that: gunicorn's
+  SIGKILL ends it);
 * a repeated SIGTERM (after 0.3 s: not the master's copy of a process-group signal)
   stops accepting at once; SIGINT and SIGQUIT stop at once, as gunicorn's do.
 """
@@ -150,8 +152,10 @@ class _GracefulWSGIWorker:
         threading.Thread(target=self._watchdog, name="graceful-watchdog", daemon=True).start()
         exit_by, kill = self._deadlines.exit_by, self._deadlines.kill
         # Last resort for an app that holds the interpreter: SIGALRM, whose action is
-        # the default (load_wsgi), ends the process halfway through the last margin.
-        signal.setitimer(signal.ITIMER_REAL, max(0.001, (exit_by + kill) / 2 - time.monotonic()))
+        # the default (load_wsgi), ends the process a quarter into the last margin (the
+        # watchdog, at its start, cannot run while the app holds the GIL).
+        alarm_at = exit_by + (kill - exit_by) / 4
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, alarm_at - time.monotonic()))
 
     def _begin_draining(self, reason: str) -> None:
         deadlines = self._deadlines
