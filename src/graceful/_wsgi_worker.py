@@ -5,27 +5,36 @@ gunicorn's workers stop accepting at SIGTERM: connections that kube-proxy or an
 ingress still sends for a second or more are refused once every worker is gone, and
 those queued in the listener's backlog are reset; ``gthread`` answers a kept-alive
 connection once more for at most 2 s and closes the rest.  These workers, configured
-with the ``GRACEFUL_*`` variables of the other graceful workers (checked in the master):
+with the ``GRACEFUL_*`` variables of the other graceful workers (checked in the master),
+follow a ``ShutdownCoordinator`` — the same one as every other adapter, run in a thread
+of its own by ``graceful.wsgi.CoordinatorThread``:
 
-* at SIGTERM keeps accepting and serving as the policy says (accept-until-idle: until no
-  new connection arrived for ``GRACEFUL_IDLE`` s; a connection carrying only a probe
-  request does not count), then serves what already waits in the backlog and exits;
-* answers ``/readyz`` with 503 from SIGTERM on, ``/livez``, preStop (which only starts
-  the shutdown: a sync worker's one thread cannot wait in a request and serve), through
-  ``graceful.wsgi.GracefulMiddleware``, and puts ``environ["graceful.drain"]``;
-* keeps heartbeating while it shuts down, so gunicorn's ``--timeout`` does not kill it
-  in a long request, and exits before gunicorn's ``--graceful-timeout`` whatever the
-  app does: a watchdog thread ends the process ``GRACEFUL_KILL_MARGIN`` before it, and
-  if the app holds the interpreter (a C extension that never releases the GIL) an
-  alarm signal with its default action, armed at SIGTERM, ends it a quarter into the
-  last margin (an app that holds it when SIGTERM arrives delays even that: gunicorn's
-  SIGKILL ends it);
+* at SIGTERM they keep accepting and serving as the policy says (accept-until-idle:
+  until no new connection's first request arrived for ``GRACEFUL_IDLE`` s; probes do
+  not count), then serve what already waits in the backlog and exit;
+* ``graceful.wsgi.GracefulMiddleware`` answers ``/readyz`` (503 from SIGTERM on),
+  ``/livez``, preStop and metrics, counts requests in flight and puts
+  ``environ["graceful.drain"]``; responses close their connection while the policy
+  nudges (gunicorn's ``force_close``); ``GRACEFUL_KUBERNETES`` reads the pod's kill
+  deadline and endpoint removal as for the ASGI workers;
+* they keep heartbeating while shutting down, so gunicorn's ``--timeout`` does not kill
+  them in a long request, and exit before gunicorn's ``--graceful-timeout`` whatever
+  the app does: the coordinator's hard exit ends the process just before the deadline,
+  and if the app holds the interpreter (a C extension that never releases the GIL) an
+  alarm signal with its default action, armed at SIGTERM, ends it a moment later (an
+  app that holds it when SIGTERM arrives delays even that: gunicorn's SIGKILL ends it);
 * a repeated SIGTERM (after 0.3 s: not the master's copy of a process-group signal)
-  stops accepting at once; SIGINT and SIGQUIT stop at once, as gunicorn's do.
+  stops at once, cutting what runs; SIGINT and SIGQUIT stop at once, as gunicorn's do.
+
+The drain waits for the worker's own loop: from the start of draining the worker holds
+one request open in the coordinator (``request_started``; the log's counts include it)
+until it has served its backlog and gunicorn's loop has returned, so the coordinator
+never declares the drain done while accepted connections are still on their way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -40,12 +49,11 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
-from . import _config, _logging
+from . import _config, _deadlines, _logging
 from ._config import ConfigError
-from ._coordinator import DUPLICATE_WINDOW_S
-from ._deadlines import Deadlines, plan
-from ._policy import Phase, Policy, PolicyInput
-from .wsgi import GracefulMiddleware, ShutdownState
+from ._coordinator import ShutdownCoordinator
+from ._policy import Phase
+from .wsgi import CoordinatorThread, GracefulMiddleware
 
 logger = logging.getLogger("graceful")
 
@@ -54,8 +62,9 @@ _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 
 class _GracefulWSGIWorker:
     """What the graceful WSGI workers share: the options checked in the master, the
-    middleware around the app, SIGTERM, the deadlines and the watchdog.  A worker class
-    puts it before gunicorn's and says how accepting stops (``_stop_accepting``)."""
+    coordinator and its thread, the middleware around the app, SIGTERM, the heartbeat
+    and the alarm.  A worker class puts it before gunicorn's and says how accepting
+    stops (``_stop_accepting``, called in the coordinator's thread)."""
 
     cfg: Any
     log: Any
@@ -67,209 +76,162 @@ class _GracefulWSGIWorker:
     def check_config(cls, cfg: Any, log: Any) -> None:
         """Check the ``GRACEFUL_*`` variables in the master, before any worker boots."""
         try:
-            values = _config.gunicorn_values(
-                cfg.graceful_timeout, warn=log.warning, workers=cfg.workers
-            )
-            _check_supported(values)
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
         except ConfigError as exc:
             raise RuntimeError(f"graceful: {exc}") from None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _logging.to_gunicorn(self.log.error_log)
-        self.shutdown_state = ShutdownState()
-        self._deadlines: Deadlines | None = None
-        self._last_connection_at: float | None = None
-        self._signalled_at: float | None = None
-        self._served = 0  # requests since the shutdown request
-        self._accepted_at = 0.0  # sync worker: when the connection being served came
-        self._loaded = False
+        self.graceful: CoordinatorThread | None = None
+        self._signalled = False  # a SIGTERM came while the app was imported
+        self._beating = False  # the heartbeat thread runs
+        self._holding = False  # the drain waits for this worker's loop (module docs)
+        self._held_since: float | None = None  # what request_started returned for it
+
+    @property
+    def coordinator(self) -> ShutdownCoordinator:
+        assert self.graceful is not None
+        return self.graceful.coordinator
 
     # ----------------------------------------------------------------- set-up
 
     def load_wsgi(self) -> None:
         try:
             values = _config.gunicorn_values(self.cfg.graceful_timeout)
-            _check_supported(values)
         except ConfigError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
-        coordinator = _config.coordinator_kwargs(values)
-        self._policy: Policy = coordinator["policy"]
-        self._drain_timeout_s: float = coordinator["drain_timeout_s"]
-        self._kill_margin_s: float = coordinator["kill_margin_s"]
-        self.shutdown_state.nudge_clients = getattr(self._policy, "nudge_clients", True)
-        self.shutdown_state.on_request = lambda reason: self._request_shutdown(
-            time.monotonic(), reason
-        )
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # see _request_shutdown
-        middleware = _config.middleware_kwargs(values)
+        coordinator = _config.build_coordinator(values, hard_exit=True)
+        coordinator.classify_connections()  # the middleware reports first requests
+        coordinator.subscribe(self._on_phase)
+        self.graceful = CoordinatorThread(coordinator)
         super().load_wsgi()  # type: ignore[misc]
-        app: Any = self.wsgi
+        middleware = _config.middleware_kwargs(values)
         self.middleware = GracefulMiddleware(
-            app,
-            self.shutdown_state,
+            self.wsgi,
+            self.graceful,
             readiness_path=middleware["readiness_path"],
             liveness_path=middleware["liveness_path"],
             prestop_path=middleware["prestop_path"],
+            metrics_path=middleware["metrics_path"],
             readiness_on_shutdown=middleware["readiness_on_shutdown"],
             prestop_waits=self._prestop_waits(),
         )
         self.wsgi = self._closing(self.middleware)
-        logger.info(
-            "policy %s; kill deadline: --graceful-timeout %g s",
-            self._policy.describe(),
-            self.cfg.graceful_timeout,
-        )
-        self._loaded = True
-
-    # ---------------------------------------------------------------- signals
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        """SIGTERM: start the policy; a deliberate repeat stops accepting at once."""
-        now = time.monotonic()
-        if self._signalled_at is None:
-            self._signalled_at = now
-            if self._loaded:  # else run() starts the shutdown once the app is imported
-                self._request_shutdown(now, "SIGTERM")
-        elif now - self._signalled_at >= DUPLICATE_WINDOW_S and not self.shutdown_state.draining:
-            self._begin_draining("SIGTERM (escalated)")
-
-    def _request_shutdown(self, now: float, reason: str) -> None:
-        """Start the policy (a SIGTERM, or the preStop endpoint from a request's thread)."""
-        if self._deadlines is not None:  # started already
-            return
-        self._deadlines = plan(
-            requested_at=now,
-            grace_period_s=float(self.cfg.graceful_timeout),
-            kill_at=None,
-            kill_source=None,
-            drain_timeout_s=self._drain_timeout_s,
-            kill_margin_s=self._kill_margin_s,
-        )
-        self.shutdown_state.request_shutdown(reason)
-        logger.info("serving -> accepting: %s", reason)
-        threading.Thread(target=self._watchdog, name="graceful-watchdog", daemon=True).start()
-        exit_by, kill = self._deadlines.exit_by, self._deadlines.kill
-        # Last resort for an app that holds the interpreter: SIGALRM, whose action is
-        # the default (load_wsgi), ends the process a quarter into the last margin (the
-        # watchdog, at its start, cannot run while the app holds the GIL).
-        alarm_at = exit_by + (kill - exit_by) / 4
-        signal.setitimer(signal.ITIMER_REAL, max(0.001, alarm_at - time.monotonic()))
-
-    def _begin_draining(self, reason: str) -> None:
-        deadlines = self._deadlines
-        drain_by = None if deadlines is None else deadlines.stop_by
-        if self.shutdown_state.begin_draining(reason, drain_deadline=drain_by):
-            served = f"{self._served} request{'' if self._served == 1 else 's'}"
-            logger.info("accepting -> draining: %s (%s served since SIGTERM)", reason, served)
-            self._stop_accepting()
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # see _arm_alarm
+        self.graceful.start()
 
     def _closing(self, app: Any) -> Any:
         """``app``, whose responses close their connection while the policy nudges
         clients.  gunicorn drops a ``Connection`` header the app sets (hop-by-hop) and
         decides itself: its response's ``force_close()`` is the way to ask."""
-        state = self.shutdown_state
+        coordinator = self.coordinator
 
         def closing(environ: dict[str, Any], start_response: Any) -> Any:
-            if state.nudging:
-                force_close = getattr(
-                    getattr(start_response, "__self__", None), "force_close", None
-                )
+            if coordinator.nudging:
+                response = getattr(start_response, "__self__", None)
+                force_close = getattr(response, "force_close", None)
                 if force_close is not None:
                     force_close()
             return app(environ, start_response)
 
         return closing
 
-    def _stop_accepting(self) -> None:
-        """Draining began: stop accepting (the worker class says how)."""
-
     def _prestop_waits(self) -> bool:
         """Whether a preStop request may wait for draining (not with one thread)."""
         return False
 
-    def _stopped(self) -> None:
-        self.shutdown_state.advance(Phase.STOPPING, "drained")
-        self.shutdown_state.advance(Phase.STOPPED, "shutdown complete")
-        logger.info("stopping -> stopped: shutdown complete")
+    # ---------------------------------------------------------------- signals
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM: start the policy (the coordinator tells a repeat from a relay)."""
+        if self.graceful is None or not self.graceful.running:  # importing the app:
+            self._signalled = True  # run() starts the shutdown
+            return
+        self.coordinator.request_shutdown("SIGTERM")
+        self._arm_alarm()
 
     def _start_if_signalled(self) -> None:
         """At the start of ``run``: a SIGTERM that came while the app was imported."""
-        if self._signalled_at is not None and not self.shutdown_state.shutdown_requested:
-            self._request_shutdown(self._signalled_at, "SIGTERM (while the app was imported)")
+        if self._signalled:
+            self.coordinator.request_shutdown("SIGTERM (while the app was imported)")
+            self._arm_alarm()
 
-    def _decide(self) -> float | None:
-        """Ask the policy; begin draining if it says so.  Returns when to ask again."""
-        deadlines, requested_at = self._deadlines, self.shutdown_state.requested_at
-        assert deadlines is not None
-        assert requested_at is not None
-        decision = self._policy.decide(
-            PolicyInput(
-                now=time.monotonic(),
-                requested_at=requested_at,
-                last_connection_at=self._last_connection_at,
-                accept_deadline=deadlines.accept_by,
-            )
-        )
-        if decision.stop_accepting:
-            self._begin_draining(decision.reason)
-        return decision.recheck_at
+    def _arm_alarm(self) -> None:
+        """Last resort for an app that holds the interpreter, so that neither the
+        coordinator's hard exit nor the heartbeat can run: SIGALRM's default action a
+        moment after the hard exit, before the kill deadline."""
+        if signal.getitimer(signal.ITIMER_REAL)[0]:
+            return  # armed by the first SIGTERM
+        kill_margin = self.coordinator.kill_margin_s
+        grace = float(self.cfg.graceful_timeout)
+        exit_margin = _deadlines.exit_margin(kill_margin)
+        # The hard exit comes exit_margin / 2 before SIGKILL; this a little later.
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, grace - exit_margin / 3))
 
-    def _arrived(self, at: float, path: str) -> None:
-        """A new connection's first request, for path ``path``, arrived at ``at``:
-        traffic for accept-until-idle unless it is a probe."""
-        if path not in self.middleware.probe_paths:
-            last = self._last_connection_at
-            if last is None or at > last:
-                self._last_connection_at = at
+    # ------------------------------------------------------- the coordinator
 
-    def _watchdog(self) -> None:
-        """Heartbeat while shutting down; end the process at the exit deadline."""
-        deadlines = self._deadlines
-        assert deadlines is not None
+    def _on_phase(self, phase: Phase) -> None:
+        """In the coordinator's thread, at every phase change."""
+        if phase is Phase.ACCEPTING or (phase is Phase.DRAINING and not self._beating):
+            self._beating = True
+            heartbeat = threading.Thread(target=self._heartbeat, name="graceful-heartbeat")
+            heartbeat.daemon = True
+            heartbeat.start()
+        if phase is Phase.DRAINING:
+            # The drain also waits for this worker's loop (backlog, gunicorn's stop).
+            self._holding = True
+            self._held_since = self.coordinator.request_started()
+            self._stop_accepting()
+        # At STOPPED the coordinator's hard exit ends the process within a second if
+        # gunicorn's own exit does not (a request cut by an escalation still running).
+
+    def _heartbeat(self) -> None:
+        """While shutting down: tell the master we live (a long request would not)."""
         beat = max(0.05, min(1.0, (self.timeout or 2) / 4))
-        while (left := deadlines.exit_by - time.monotonic()) > 0:
+        assert self.graceful is not None
+        while not self.graceful.wait_for_phase(Phase.STOPPED, beat):
             self.notify()
-            if self.shutdown_state.wait_for(Phase.STOPPED, min(beat, left)):
-                return
-        logger.error(
-            "the kill deadline is %.3g s away and a request still runs: exiting now",
-            deadlines.kill - time.monotonic(),
-        )
-        logging.shutdown()
-        os._exit(1)
+
+    def _stop_accepting(self) -> None:
+        """Draining began: stop accepting (the worker class says how)."""
+
+    def _loop_ended(self) -> None:
+        """The worker's loop is done (backlog served, gunicorn's stop over): the drain
+        may end; then wait for the coordinator to stop, at most until the deadline."""
+        if not self._holding or self.graceful is None:
+            return
+        self.graceful.call(self.coordinator.request_finished, self._held_since)
+        # Bounded: the coordinator's hard exit ends the process before the deadline.
+        self.graceful.join(float(self.cfg.graceful_timeout))
 
 
 class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
     """gunicorn's ``sync`` worker following graceful's shutdown policy
     (``-k graceful.gunicorn.SyncWorker``)."""
 
+    _draining = False
+
     def run(self) -> None:
         self._start_if_signalled()
         for listener in self.sockets:
             listener.setblocking(False)
         heartbeat = self.timeout or 0.5
-        while self.alive and not self.shutdown_state.draining:
+        while self.alive and not self._draining:
             self.notify()
-            wait = heartbeat
-            if self.shutdown_state.shutdown_requested:
-                # Connections that queued while a request ran arrived: serve them before
-                # asking the policy whether traffic stopped.
-                for listener in self._ready(0):
-                    self._accept(listener)
-                recheck = self._decide()
-                if self.shutdown_state.draining:
-                    break
-                if recheck is not None:
-                    wait = max(0.0, min(wait, recheck - time.monotonic()))
-            for listener in self._ready(wait):
+            for listener in self._ready(heartbeat):
                 self._accept(listener)
             if not self.is_parent_alive():
                 break
-        if self.shutdown_state.shutdown_requested:
+        if self._draining:
             self._drain_backlog()
-            self._stopped()
+        self._loop_ended()
+
+    def _stop_accepting(self) -> None:
+        self._draining = True
+        with contextlib.suppress(OSError):
+            os.write(self.PIPE[1], b".")  # wake the loop's select
 
     def _ready(self, timeout: float) -> list[Any]:
         try:
@@ -294,21 +256,14 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
             if exc.errno in _AGAIN:
                 return False
             raise
-        self._accepted_at = time.monotonic()
         client.setblocking(True)
         self.handle(listener, client, address)
         return True
 
-    def handle_request(self, listener: Any, req: Any, client: Any, addr: Any) -> None:
-        if self.shutdown_state.shutdown_requested:
-            self._served += 1
-            self._arrived(self._accepted_at, req.path)
-        super().handle_request(listener, req, client, addr)
-
     def _drain_backlog(self) -> None:
         """Serve the connections the kernel queued before we stopped accepting, then
         close our copy of the listeners."""
-        deadlines = self._deadlines
+        deadlines = self.coordinator.deadlines
         for listener in self.sockets:
             while deadlines is None or time.monotonic() < deadlines.stop_by:
                 self.notify()
@@ -323,9 +278,9 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
     (``-k graceful.gunicorn.ThreadWorker``).
 
     gunicorn's loop, thread pool and keep-alive handling are kept.  At SIGTERM the worker
-    keeps accepting while a policy thread asks the policy; responses carry ``Connection:
+    keeps accepting while the coordinator asks the policy; responses carry ``Connection:
     close`` (kept-alive clients reconnect, to a new pod once the load balancer knows).
-    Once the policy says so gunicorn's own stop runs: the connections already queued are
+    Once draining begins gunicorn's own stop runs: the connections already queued are
     accepted first (gunicorn 24+), in-flight requests finish, idle kept-alive
     connections are closed.
     """
@@ -338,8 +293,7 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
         try:
             super().run()
         finally:
-            if self.shutdown_state.shutdown_requested:
-                self._stopped()
+            self._loop_ended()
 
     def handle_quit(self, sig: int, frame: Any) -> None:
         """SIGINT, SIGQUIT: stop at once.  gunicorn's ``sys.exit`` here would wait for
@@ -348,30 +302,16 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
         logging.shutdown()
         os._exit(0)
 
-    def _request_shutdown(self, now: float, reason: str) -> None:
-        if self._deadlines is not None:  # started already
-            return
-        super()._request_shutdown(now, reason)
-        threading.Thread(
-            target=self._decide_until_draining, name="graceful-policy", daemon=True
-        ).start()
-
-    def _decide_until_draining(self) -> None:
-        while not self.shutdown_state.draining:
-            recheck = self._decide()
-            wait = 1.0 if recheck is None else max(0.0, recheck - time.monotonic())
-            self.shutdown_state.wait_for(Phase.DRAINING, wait)
-
     def _stop_accepting(self) -> None:
         self.alive = False  # gunicorn's loop stops accepting and drains
         wake = getattr(getattr(self, "method_queue", None), "defer", None)
-        if wake is not None:  # gunicorn 25+: wake the loop now, not within 1 s
+        if wake is not None:  # gunicorn 24+: wake the loop now, not within 1 s
             wake(lambda: None)
 
     def set_accept_enabled(self, enabled: bool) -> None:
         """gunicorn 24+: before the listeners leave the loop at the stop, accept what
         already waits in the backlog (the stock worker leaves it to be reset)."""
-        if not enabled and self.shutdown_state.draining:
+        if not enabled and self.coordinator.draining:
             for listener in self.sockets:
                 for _ in range(self.cfg.worker_connections):
                     if self.nr_conns >= self.cfg.worker_connections:
@@ -381,31 +321,3 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
                     if self.nr_conns == before:  # nothing was waiting
                         break
         super().set_accept_enabled(enabled)
-
-    def enqueue_req(self, conn: Any) -> None:
-        if not hasattr(conn, "graceful_arrived_at"):  # a new connection, not a kept-alive one
-            conn.graceful_arrived_at = time.monotonic()
-            conn.graceful_first = True
-        super().enqueue_req(conn)
-
-    def handle_request(self, req: Any, conn: Any) -> Any:
-        if self.shutdown_state.shutdown_requested:
-            self._served += 1
-            if getattr(conn, "graceful_first", False):
-                self._arrived(conn.graceful_arrived_at, req.path)
-        conn.graceful_first = False
-        return super().handle_request(req, conn)
-
-
-def _check_supported(values: _config.Values) -> None:
-    if values["kubernetes"]:
-        raise ConfigError(
-            f"{values.label('kubernetes')}: not supported by the WSGI workers "
-            "yet (the ASGI workers have it); the policy's idle window and "
-            "--graceful-timeout apply"
-        )
-    if values["metrics_path"] is not None:
-        raise ConfigError(
-            f"{values.label('metrics_path')}: not supported by the WSGI workers "
-            "yet (the ASGI workers have it)"
-        )

@@ -1,41 +1,61 @@
 """WSGI: the health endpoints and the drain state for Flask, Django or any WSGI app.
 
-``GracefulMiddleware`` wraps a WSGI app::
+A WSGI server's requests run in threads (or one thread) that block: they cannot await
+the ``ShutdownCoordinator``.  ``CoordinatorThread`` runs the coordinator in a thread of
+its own, with its own event loop, and hands it what the server's threads report;
+``GracefulMiddleware`` wraps the app::
 
-    from graceful.wsgi import GracefulMiddleware
+    import graceful, graceful.wsgi
 
-    app = GracefulMiddleware(flask_app)          # Flask
-    application = GracefulMiddleware(get_wsgi_application())   # Django's wsgi.py
+    coordinator = graceful.wsgi.CoordinatorThread(
+        graceful.ShutdownCoordinator(policy=graceful.AcceptUntilIdle(idle_s=2))
+    )
+    coordinator.start()
+    app = graceful.wsgi.GracefulMiddleware(flask_app, coordinator)
+    # the server calls coordinator.coordinator.request_shutdown("SIGTERM") at SIGTERM,
+    # stops accepting once coordinator.coordinator.draining, and exits at STOPPED
 
-and answers, before the app sees them:
+``graceful.gunicorn.SyncWorker`` and ``ThreadWorker`` do all of that themselves, from the
+``GRACEFUL_*`` variables.  The middleware answers, before the app sees them:
 
 * the readiness endpoint (``/readyz``): 200, then 503 from the shutdown request on (a
   load balancer stops sending new connections while the worker still accepts them);
-* the liveness endpoint (``/livez``): 200 until the worker stopped;
-* the preStop endpoint, if set: starts the shutdown and answers once draining began.
+* the liveness endpoint (``/livez``): 200 until the coordinator stopped;
+* the preStop endpoint, if set: starts the shutdown and answers once draining began;
+* the metrics endpoint, if set: ``graceful.metrics`` (the ``metrics`` extra).
 
-Each request's environ carries a ``DrainSignal`` under ``"graceful.drain"`` (the WSGI
-twin of ``graceful.asgi.DrainSignal``): a streaming response or a long poll checks
-``signal.draining`` and ends early.  While shutting down with a nudging policy, every
-response gets ``Connection: close``, so that a kept-alive client opens its next
-connection elsewhere.
-
-The state is a ``ShutdownState``, which ``graceful.gunicorn.SyncWorker`` drives (the
-worker wraps its app in this middleware itself, from the ``GRACEFUL_*`` variables); an
-app served by another WSGI server can drive one itself with ``request_shutdown`` and
-``begin_draining``.  Only the standard library is needed.
+It counts every other request as in flight until the server closes its response
+iterable, reports each connection's first request while accepting (*probes are not
+traffic*: a health path, or a ``kube-probe/`` user agent, does not hold
+accept-until-idle), puts a ``DrainSignal`` in ``environ["graceful.drain"]`` (the WSGI
+twin of ``graceful.asgi.DrainSignal``: a stream or a long poll checks
+``signal.draining``), and adds ``Connection: close`` to responses while the policy nudges
+clients.  Only the standard library and anyio are needed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
-from ._policy import Phase, _check_readiness_on_shutdown
+import anyio
 
-__all__ = ("ENVIRON_KEY", "DrainSignal", "GracefulMiddleware", "ShutdownState", "drain_signal")
+from ._coordinator import ShutdownCoordinator
+from ._policy import Phase, _check_readiness_on_shutdown
+from ._signals import current_schedule
+from ._tracking import is_probe
+
+__all__ = (
+    "ENVIRON_KEY",
+    "CoordinatorThread",
+    "DrainSignal",
+    "GracefulMiddleware",
+    "drain_signal",
+)
 
 #: Where ``GracefulMiddleware`` puts the ``DrainSignal`` in each request's environ.
 ENVIRON_KEY: Final = "graceful.drain"
@@ -44,76 +64,86 @@ Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
+_TEXT: Final = ("Content-Type", "text/plain; charset=utf-8")
+_CLOSE: Final = ("Connection", "close")
 
-class ShutdownState:
-    """The phase of one WSGI worker process, thread-safe, moving forward only.
+
+class CoordinatorThread:
+    """A ``ShutdownCoordinator`` running in a daemon thread of its own (asyncio), for a
+    server whose threads block.
 
     Args:
-        nudge_clients: Send ``Connection: close`` once shutdown was requested.
+        coordinator: The coordinator; shutdown is requested through its thread-safe
+            ``request_shutdown`` (no signal handlers are installed for it).
     """
 
-    def __init__(self, *, nudge_clients: bool = True) -> None:
-        self.nudge_clients = nudge_clients
-        self._phase = Phase.SERVING
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self.requested_at: float | None = None
-        self.drain_deadline: float | None = None
-        self.reason = ""
-        #: Called with the reason when shutdown is first requested (by the preStop
-        #: endpoint, say): the server starts its policy there.
-        self.on_request: Callable[[str], object] | None = None
+    def __init__(self, coordinator: ShutdownCoordinator) -> None:
+        if not isinstance(coordinator, ShutdownCoordinator):
+            raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
+        self.coordinator: Final = coordinator
+        self._schedule: Callable[[Callable[[], object]], object] | None = None
+        self._ready = threading.Event()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        coordinator.subscribe(self._on_phase)
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Start the thread; returns once the coordinator runs.
+
+        Raises:
+            RuntimeError: started already, or not running within ``timeout_s``.
+        """
+        if self._thread is not None:
+            raise RuntimeError("CoordinatorThread.start(): started already")
+        self._thread = threading.Thread(target=self._main, name="graceful-coordinator")
+        self._thread.daemon = True
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise RuntimeError(f"the coordinator did not start within {timeout_s:g} s")
 
     @property
-    def phase(self) -> Phase:
-        return self._phase
+    def running(self) -> bool:
+        """Whether the coordinator runs in its thread (``start`` returned, not stopped)."""
+        return self._ready.is_set() and self._thread is not None and self._thread.is_alive()
 
-    @property
-    def shutdown_requested(self) -> bool:
-        return self._phase >= Phase.ACCEPTING
+    def _main(self) -> None:
+        anyio.run(self._run)
 
-    @property
-    def accepting(self) -> bool:
-        return self._phase <= Phase.ACCEPTING
+    async def _run(self) -> None:
+        self._schedule = current_schedule()
+        async with anyio.create_task_group() as tg:
+            run = functools.partial(self.coordinator.run, shutdown_trigger=anyio.sleep_forever)
+            await tg.start(run)
+            self._ready.set()
 
-    @property
-    def draining(self) -> bool:
-        return self._phase >= Phase.DRAINING
+    def call(self, function: Callable[..., object], *args: Any) -> None:
+        """Run ``function(*args)`` in the coordinator's thread, in the order of the
+        calls (thread-safe; every reporting call of the adapter API goes through here).
+        Before ``start`` it runs at once; after the coordinator stopped, not at all."""
+        schedule = self._schedule
+        if schedule is None:
+            function(*args)
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the coordinator stopped
+            schedule(functools.partial(function, *args))
 
-    @property
-    def nudging(self) -> bool:
-        return self.nudge_clients and self.shutdown_requested
-
-    def advance(self, phase: Phase, reason: str, *, drain_deadline: float | None = None) -> bool:
-        """Move to ``phase`` (``False`` if already there or past it)."""
+    def _on_phase(self, phase: Phase) -> None:
         with self._changed:
-            if phase <= self._phase:
-                return False
-            if self.requested_at is None:
-                self.requested_at = time.monotonic()
-            if drain_deadline is not None:
-                self.drain_deadline = drain_deadline
-            self._phase = phase
-            self.reason = reason
             self._changed.notify_all()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait until the coordinator's ``run()`` returned (``STOPPED``, its hooks run
+        and its last line logged); ``False`` after ``timeout_s``."""
+        thread = self._thread
+        if thread is None:
             return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
 
-    def request_shutdown(self, reason: str = "requested") -> bool:
-        """Shutdown was requested: stop being ready (``False`` if it was already).
-        ``on_request``, if set, is called with ``reason`` the first time."""
-        advanced = self.advance(Phase.ACCEPTING, reason)
-        if advanced and self.on_request is not None:
-            self.on_request(reason)
-        return advanced
-
-    def begin_draining(self, reason: str, *, drain_deadline: float | None = None) -> bool:
-        """No new connections from now on; in-flight requests finish."""
-        return self.advance(Phase.DRAINING, reason, drain_deadline=drain_deadline)
-
-    def wait_for(self, phase: Phase, timeout_s: float | None = None) -> bool:
-        """Wait until ``phase`` is reached; ``False`` if ``timeout_s`` elapsed first."""
+    def wait_for_phase(self, phase: Phase, timeout_s: float | None = None) -> bool:
+        """Block until the coordinator reaches ``phase``; ``False`` after ``timeout_s``."""
         with self._changed:
-            return self._changed.wait_for(lambda: self._phase >= phase, timeout_s)
+            return self._changed.wait_for(lambda: self.coordinator.phase >= phase, timeout_s)
 
 
 class DrainSignal:
@@ -126,31 +156,28 @@ class DrainSignal:
             yield next_chunk()
     """
 
-    __slots__ = ("state",)
+    __slots__ = ("_thread",)
 
-    def __init__(self, state: ShutdownState) -> None:
-        self.state: Final = state
+    def __init__(self, thread: CoordinatorThread) -> None:
+        self._thread = thread
 
     @property
     def draining(self) -> bool:
         """``True`` once draining began: finish the current piece of work and end."""
-        return self.state.draining
+        return self._thread.coordinator.draining
 
     @property
     def shutdown_requested(self) -> bool:
         """``True`` once shutdown was requested (still accepting, perhaps)."""
-        return self.state.shutdown_requested
+        return self._thread.coordinator.shutdown_requested
 
     def wait(self, *, timeout_s: float | None = None) -> bool:
         """Block until draining begins; ``False`` if ``timeout_s`` elapsed first."""
-        return self.state.wait_for(Phase.DRAINING, timeout_s)
+        return self._thread.wait_for_phase(Phase.DRAINING, timeout_s)
 
     def time_left_s(self) -> float | None:
         """Seconds until the drain deadline (``None`` before draining or without one)."""
-        deadline = self.state.drain_deadline
-        if deadline is None or not self.state.draining:
-            return None
-        return max(0.0, deadline - time.monotonic())
+        return self._thread.coordinator.drain_time_left()
 
 
 def drain_signal(environ: Environ) -> DrainSignal | None:
@@ -167,53 +194,101 @@ def _endpoint(name: str, path: str | None) -> str | None:
     return path
 
 
+class _Started:
+    """One request's start, as the coordinator reported it (set in its thread)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def start(self, coordinator: ShutdownCoordinator) -> None:
+        self.at = coordinator.request_started()
+
+    def finish(self, coordinator: ShutdownCoordinator) -> None:
+        coordinator.request_finished(self.at)
+
+
+class _Tracked:
+    """The app's response iterable; the request ends when the server closes it."""
+
+    __slots__ = ("_close", "_result")
+
+    def __init__(self, result: Iterable[bytes], close: Callable[[], None]) -> None:
+        self._result = result
+        self._close = close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._result)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._close()
+
+
 class GracefulMiddleware:
-    """Health endpoints, the drain signal and ``Connection: close`` while shutting down.
+    """Health endpoints, request tracking, the drain signal and ``Connection: close``
+    while shutting down, for a WSGI app.
 
     Args:
         app: The WSGI app.
-        state: The worker's ``ShutdownState`` (default: a new one, for a server that is
-            not graceful's: then call ``state.request_shutdown`` yourself).
+        coordinator: The ``CoordinatorThread`` the server runs (started or not yet).
         readiness_path: Readiness endpoint, or ``None``.
         liveness_path: Liveness endpoint, or ``None``.
         prestop_path: preStop endpoint (starts the shutdown, answers once draining
             began), or ``None``.
+        metrics_path: Prometheus metrics endpoint (``graceful.metrics``; the ``metrics``
+            extra), or ``None``.
         readiness_on_shutdown: ``"fail"`` (default): 503 from the shutdown request on;
             ``"while-accepting"``: 200 until draining begins.
-        prestop_timeout_s: The longest a preStop request waits.
         prestop_waits: Whether a preStop request waits for draining to begin (the
             kubelet sends SIGTERM once it is answered).  A single-threaded server
             cannot serve while one request waits: ``graceful.gunicorn.SyncWorker``
             passes ``False``, and preStop then only starts the shutdown.
+        prestop_timeout_s: The longest a preStop request waits.
     """
 
     def __init__(
         self,
         app: WSGIApp,
-        state: ShutdownState | None = None,
+        coordinator: CoordinatorThread,
         *,
         readiness_path: str | None = "/readyz",
         liveness_path: str | None = "/livez",
         prestop_path: str | None = None,
+        metrics_path: str | None = None,
         readiness_on_shutdown: str = "fail",
-        prestop_timeout_s: float = 30.0,
         prestop_waits: bool = True,
+        prestop_timeout_s: float = 30.0,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, got {app!r}")
+        if not isinstance(coordinator, CoordinatorThread):
+            raise TypeError(f"coordinator must be a CoordinatorThread, got {coordinator!r}")
         self.app: Final = app
-        self.state: Final = ShutdownState() if state is None else state
+        self.thread: Final = coordinator
+        self.coordinator: Final = coordinator.coordinator
         self.readiness_on_shutdown: Final = _check_readiness_on_shutdown(readiness_on_shutdown)
-        self.prestop_timeout_s: Final = prestop_timeout_s
         self.prestop_waits: Final = prestop_waits
-        self._signal = DrainSignal(self.state)
-        endpoints = {
+        self.prestop_timeout_s: Final = prestop_timeout_s
+        self._signal = DrainSignal(coordinator)
+        self._exposition: Any = None
+        endpoints: dict[str | None, Callable[[Environ], tuple[str, str, bytes]]] = {
             _endpoint("readiness_path", readiness_path): self._readiness,
             _endpoint("liveness_path", liveness_path): self._liveness,
             _endpoint("prestop_path", prestop_path): self._prestop,
         }
+        if _endpoint("metrics_path", metrics_path) is not None:
+            from .metrics import Exposition  # the metrics extra, only when asked for
+
+            self._exposition = Exposition(self.coordinator)
+            endpoints[metrics_path] = self._metrics
         endpoints.pop(None, None)
-        self._endpoints: Final[dict[str | None, Callable[[], tuple[str, str]]]] = endpoints
+        self._endpoints: Final = endpoints
 
     @property
     def probe_paths(self) -> frozenset[str]:
@@ -221,46 +296,66 @@ class GracefulMiddleware:
         return frozenset(path for path in self._endpoints if path is not None)
 
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        c = self.coordinator
         endpoint = self._endpoints.get(environ.get("PATH_INFO"))
+        if c.shutdown_requested and c.accepting:
+            probe = endpoint is not None or is_probe(environ.get("HTTP_USER_AGENT"))
+            client = (environ.get("REMOTE_ADDR"), environ.get("REMOTE_PORT"))
+            self.thread.call(functools.partial(c.first_request, client, probe=probe))
         if endpoint is not None:
-            status, text = endpoint()
-            body = text.encode()
-            headers = [
-                ("Content-Type", "text/plain; charset=utf-8"),
-                ("Content-Length", str(len(body))),
-            ]
-            if self.state.nudging:
-                headers.append(("Connection", "close"))
+            status, content_type, body = endpoint(environ)
+            headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+            if c.nudging:
+                headers.append(_CLOSE)
             start_response(status, headers)
             return [body]
         environ[ENVIRON_KEY] = self._signal
-        if not self.state.nudge_clients:
-            return self.app(environ, start_response)
-        state = self.state
+        started = _Started()
+        self.thread.call(started.start, c)
 
-        def nudging_start_response(status: str, headers: list[tuple[str, str]], *exc: Any) -> Any:
-            if state.nudging and not any(name.lower() == "connection" for name, _ in headers):
-                headers = [*headers, ("Connection", "close")]
-            return start_response(status, headers, *exc)
+        def nudging(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+            if c.nudging and not any(name.lower() == "connection" for name, _ in headers):
+                headers = [*headers, _CLOSE]
+            return start_response(status, headers, *exc_info)
 
-        return self.app(environ, nudging_start_response)
+        try:
+            result = self.app(environ, nudging)
+        except BaseException:
+            self.thread.call(started.finish, c)
+            raise
+        return _Tracked(result, functools.partial(self.thread.call, started.finish, c))
 
-    def _readiness(self) -> tuple[str, str]:
-        s = self.state
-        if s.shutdown_requested and (self.readiness_on_shutdown == "fail" or not s.accepting):
-            return "503 Service Unavailable", f"shutting down ({s.phase})\n"
-        return "200 OK", "ready\n"
+    def _readiness(self, environ: Environ) -> tuple[str, str, bytes]:
+        c = self.coordinator
+        if c.shutdown_requested and (self.readiness_on_shutdown == "fail" or not c.accepting):
+            return "503 Service Unavailable", _TEXT[1], f"shutting down ({c.phase})\n".encode()
+        return "200 OK", _TEXT[1], b"ready\n"
 
-    def _liveness(self) -> tuple[str, str]:
-        if self.state.phase is Phase.STOPPED:
-            return "503 Service Unavailable", "stopped\n"
-        return "200 OK", f"alive ({self.state.phase})\n"
+    def _liveness(self, environ: Environ) -> tuple[str, str, bytes]:
+        if self.coordinator.phase is Phase.STOPPED:
+            return "503 Service Unavailable", _TEXT[1], b"stopped\n"
+        return "200 OK", _TEXT[1], f"alive ({self.coordinator.phase})\n".encode()
 
-    def _prestop(self) -> tuple[str, str]:
-        self.state.request_shutdown("preStop")
+    def _prestop(self, environ: Environ) -> tuple[str, str, bytes]:
+        self.coordinator.request_shutdown("preStop", escalate=False)
         if not self.prestop_waits:
-            return "200 OK", f"{self.state.phase}\n"
-        if self.state.wait_for(Phase.DRAINING, self.prestop_timeout_s):
-            return "200 OK", f"{self.state.phase}\n"
-        waited = f"still {self.state.phase} after {self.prestop_timeout_s:g} s\n"
-        return "504 Gateway Timeout", waited
+            return "200 OK", _TEXT[1], b"shutdown requested\n"
+        if self.thread.wait_for_phase(Phase.DRAINING, self.prestop_timeout_s):
+            return "200 OK", _TEXT[1], f"{self.coordinator.phase}\n".encode()
+        waited = f"still {self.coordinator.phase} after {self.prestop_timeout_s:g} s\n"
+        return "504 Gateway Timeout", _TEXT[1], waited.encode()
+
+    def _metrics(self, environ: Environ) -> tuple[str, str, bytes]:
+        from .metrics import RENDER_RETRIES_S
+
+        accept = environ.get("HTTP_ACCEPT", "")
+        for delay_s in (*RENDER_RETRIES_S, None):
+            try:
+                body, content_type = self._exposition.render(accept)
+            except Exception as exc:  # a multiprocess file caught while it is created
+                if delay_s is None:
+                    return "503 Service Unavailable", _TEXT[1], f"metrics: {exc!r}\n".encode()
+                time.sleep(delay_s)  # the pause RENDER_RETRIES_S gives, as the ASGI path
+                continue
+            return "200 OK", content_type, body
+        raise AssertionError("unreachable")  # pragma: no cover

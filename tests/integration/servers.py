@@ -159,11 +159,15 @@ class ServerProcess:
         return found
 
     def stop(self) -> None:
-        for pid in self._descendants():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        # The tree first (it is lost once the parent is gone), then the parent's group
+        # at once: a gunicorn master killed after its worker would log the worker's
+        # SIGKILL as an error first.
+        descendants = self._descendants()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in descendants:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait(10)
         self._reader.join(5)
         # Closing the pipe while the reader thread still reads it would deadlock.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,41 @@ def test_api_errors_are_reported_with_their_status(cluster: Cluster) -> None:
     with pytest.raises(ApiError) as caught:
         cluster.api("GET", "/api/v1/namespaces/default/pods", token=NOBODY_TOKEN)
     assert caught.value.status == 403
+
+
+def wsgi_command(worker: str) -> list[str]:
+    """gunicorn with one of graceful's WSGI workers serving the demo's Flask app."""
+    threads = ["--threads", "4"] if worker == "ThreadWorker" else []
+    return [
+        sys.executable, "-m", "gunicorn", "graceful._demo.wsgi_app:app",
+        "-k", f"graceful.gunicorn.{worker}", *threads,
+        "-b", "$(POD_IP):8000", "--graceful-timeout", "20",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_wsgi_worker_waits_for_the_endpoint_update_plus_idle(cluster: Cluster, worker: str) -> None:
+    """The same with gunicorn's WSGI workers (``GRACEFUL_KUBERNETES=1``, a Flask app):
+    accepting ends only after the endpoint update plus the idle window."""
+    pod = Kubelet(
+        cluster,
+        pod_manifest(
+            f"web-{next(_names)}",
+            wsgi_command(worker),
+            kubeconfig=SA_KUBECONFIG[id(cluster)],
+            failure_threshold=3,
+            env={"GRACEFUL_KUBERNETES": "1", "GRACEFUL_IDLE": "1"},
+        ),
+    )
+    pod.start()
+    assert pod.ready.wait(30), pod.log()
+    assert pod.proc is not None
+    term = time.time()
+    pod.proc.send_signal(signal.SIGTERM)
+    pod.proc.wait(30)
+    log = pod.log()
+    removed, _ = first(log, r"pod default/\S+ is not ready in the 1 EndpointSlice")
+    draining, _ = first(log, r"accepting -> draining: no new connection for")
+    assert removed - term > 2.0  # three failed probes, a second apart
+    assert draining - removed >= 1.0 - 0.01  # the idle window, from the endpoint update
+    assert pod.proc.returncode == 0
