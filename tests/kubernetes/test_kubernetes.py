@@ -17,6 +17,7 @@ import pytest
 from graceful._demo._kube import ApiError, Cluster
 from graceful._demo._kubelet import Kubelet
 from graceful._demo._kuberollout import RBAC_RULES, graceful_run, pod_manifest, service
+from graceful.kubernetes import endpoint_state
 
 from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG, apply_rbac
 
@@ -52,6 +53,22 @@ def start(cluster: Cluster, *options: str, kubeconfig: Path | None, **kw: Any) -
     pod.start()
     assert pod.ready.wait(30), pod.log()
     return pod
+
+
+def wait_routed(cluster: Cluster, pod: Kubelet, timeout_s: float = 20) -> None:
+    """Until an EndpointSlice routes to ``pod``: the endpointslice controller follows the
+    pod's Ready condition a moment later (under load, more), and a test that signals the
+    pod before then sees it 'not ready' from the start."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = cluster.api(
+            "GET", "/apis/discovery.k8s.io/v1beta1/namespaces/default/endpointslices"
+        )
+        slices = {item["metadata"]["name"]: item for item in found.get("items", [])}
+        if endpoint_state(slices, pod_name=pod.name, pod_ip=None).ready:
+            return
+        assert time.monotonic() < deadline, f"no EndpointSlice routes to {pod.name}"
+        time.sleep(0.05)  # polls the API server, bounded by the deadline above
 
 
 def wait_exit(pod: Kubelet, timeout_s: float = 30) -> None:
@@ -162,6 +179,7 @@ def test_accepting_ends_after_the_endpoint_update_plus_idle_and_not_before(
         kubeconfig=SA_KUBECONFIG[id(cluster)],
         failure_threshold=3,
     )
+    wait_routed(cluster, pod)
     assert pod.proc is not None
     term = time.time()
     pod.proc.send_signal(signal.SIGTERM)
@@ -297,6 +315,7 @@ def test_wsgi_worker_waits_for_the_endpoint_update_plus_idle(cluster: Cluster, w
     )
     pod.start()
     assert pod.ready.wait(30), pod.log()
+    wait_routed(cluster, pod)
     assert pod.proc is not None
     term = time.time()
     pod.proc.send_signal(signal.SIGTERM)
