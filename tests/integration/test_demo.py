@@ -154,15 +154,15 @@ def test_demo_runs_hypercorn_and_aiohttp_stock_and_graceful(tmp_path: Path) -> N
     assert set(_panels(plot)) == set(servers)
 
 
-def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(tmp_path: Path) -> None:
+@pytest.mark.parametrize("worker", ["sync", "gthread"])
+def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
+    tmp_path: Path, worker: str
+) -> None:
     """Issue 22: the rolling restart with a 1.5 s propagation delay loses requests with
     stock ``sync`` and ``gthread`` and none with graceful's workers; the long request
     completes and A exits before SIGKILL."""
     pytest.importorskip("flask")
-    servers = [
-        "gunicorn-sync", "graceful-sync:accept-until-idle",
-        "gunicorn-gthread", "graceful-gthread:accept-until-idle",
-    ]  # fmt: skip
+    servers = [f"gunicorn-{worker}", f"graceful-{worker}:accept-until-idle"]
     report = tmp_path / "demo.json"
     result = _demo(
         "--servers", ",".join(servers), "--propagation-delay", "1.5", "--warmup", "1",

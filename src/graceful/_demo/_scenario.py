@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import os
 import signal
 import socket
@@ -308,6 +309,7 @@ async def _start_backend(
             stderr=asyncio.subprocess.PIPE,
             env={**os.environ, "GRACEFUL_DEMO_NAME": name},
             pass_fds=() if write_fd is None else (write_fd,),
+            start_new_session=True,  # a process group of its own: see _kill_group
         )
     except BaseException:
         if read_fd is not None:
@@ -357,9 +359,15 @@ async def _keep_tail(backend: Backend) -> None:
         backend.log_tail.append(raw.decode(errors="replace"))
 
 
+def _kill_group(backend: Backend) -> None:
+    """SIGKILL the backend's process group, as the kubelet kills a container's cgroup:
+    gunicorn's workers too, not only its master."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(backend.proc.pid, signal.SIGKILL)
+
+
 async def _stop(backend: Backend) -> None:
-    if backend.proc.returncode is None:
-        backend.proc.kill()
+    _kill_group(backend)
     await backend.proc.wait()
     if backend.readers:
         await asyncio.wait_for(asyncio.gather(*backend.readers), 5)
@@ -371,7 +379,7 @@ async def _kill_at(backend: Backend, grace_period_s: float, t0: float) -> None:
         code = await asyncio.wait_for(backend.proc.wait(), grace_period_s)
         backend.ended = f"died of {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
     except asyncio.TimeoutError:
-        backend.proc.kill()
+        _kill_group(backend)
         await backend.proc.wait()
         backend.ended = "killed"
     backend.ended_at = time.monotonic() - t0
