@@ -174,12 +174,12 @@ class _GracefulWSGIWorker:
 
     def _on_phase(self, phase: Phase) -> None:
         """In the coordinator's thread, at every phase change."""
-        if phase is Phase.ACCEPTING or (phase is Phase.DRAINING and not self._beating):
+        if phase > Phase.SERVING and not self._beating:
             self._beating = True
             heartbeat = threading.Thread(target=self._heartbeat, name="graceful-heartbeat")
             heartbeat.daemon = True
             heartbeat.start()
-        if phase is Phase.DRAINING:
+        if Phase.DRAINING <= phase < Phase.STOPPED and not self._holding:  # or escalated
             # The drain also waits for this worker's loop (backlog, gunicorn's stop).
             self._holding = True
             self._held_since = self.coordinator.request_started()
