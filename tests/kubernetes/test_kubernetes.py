@@ -179,6 +179,15 @@ def test_accepting_ends_after_the_endpoint_update_plus_idle_and_not_before(
         kubeconfig=SA_KUBECONFIG[id(cluster)],
         failure_threshold=3,
     )
+    sigterm_waits_for_the_endpoint_then_idle(cluster, pod, idle_s=1.0, at_most_s=1.5)
+
+
+def sigterm_waits_for_the_endpoint_then_idle(
+    cluster: Cluster, pod: Kubelet, *, idle_s: float, at_most_s: float | None = None
+) -> None:
+    """SIGTERM to the pod's process (no deletion): the endpoint goes not-ready after
+    three failed probes, accepting ends ``idle_s`` after that (within ``at_most_s``
+    more), and the process exits 0."""
     wait_routed(cluster, pod)
     assert pod.proc is not None
     term = time.time()
@@ -188,8 +197,9 @@ def test_accepting_ends_after_the_endpoint_update_plus_idle_and_not_before(
     removed, _ = first(log, r"pod default/\S+ is not ready in the 1 EndpointSlice")
     draining, _ = first(log, r"accepting -> draining: no new connection for")
     assert removed - term > 2.0  # three failed probes, a second apart
-    assert draining - removed >= 1.0 - 0.01  # the idle window, from the endpoint update
-    assert draining - removed < 1.0 + 1.5
+    assert draining - removed >= idle_s - 0.01  # the idle window, from the endpoint update
+    if at_most_s is not None:
+        assert draining - removed < idle_s + at_most_s
     assert pod.proc.returncode == 0
 
 
@@ -315,14 +325,4 @@ def test_wsgi_worker_waits_for_the_endpoint_update_plus_idle(cluster: Cluster, w
     )
     pod.start()
     assert pod.ready.wait(30), pod.log()
-    wait_routed(cluster, pod)
-    assert pod.proc is not None
-    term = time.time()
-    pod.proc.send_signal(signal.SIGTERM)
-    pod.proc.wait(30)
-    log = pod.log()
-    removed, _ = first(log, r"pod default/\S+ is not ready in the 1 EndpointSlice")
-    draining, _ = first(log, r"accepting -> draining: no new connection for")
-    assert removed - term > 2.0  # three failed probes, a second apart
-    assert draining - removed >= 1.0 - 0.01  # the idle window, from the endpoint update
-    assert pod.proc.returncode == 0
+    sigterm_waits_for_the_endpoint_then_idle(cluster, pod, idle_s=1.0)
