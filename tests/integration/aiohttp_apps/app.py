@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from aiohttp import WSMsgType, web
+from tests.integration.lingering import linger
 
 NAME = os.environ.get("GRACEFUL_DEMO_NAME", "backend")
 
@@ -96,20 +97,11 @@ async def on_cleanup(app: web.Application) -> None:
     say("on_cleanup ran")
 
 
-async def _linger() -> None:
-    """A task left running at the end: run_app cancels it in its teardown, after the
-    coordinator ran, and it takes a second to go — a window for a late signal."""
-    try:
-        await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        say("lingering task cancelled")
-        await asyncio.sleep(1.0)
-        raise
-
-
 async def on_startup(app: web.Application) -> None:
     if os.environ.get("TEST_LINGER"):
-        app["linger"] = asyncio.get_running_loop().create_task(_linger())
+        app["linger"] = asyncio.get_running_loop().create_task(
+            linger(say)
+        )  # run_app cancels it in its teardown
 
 
 def make_app() -> web.Application:

@@ -12,6 +12,8 @@ import asyncio
 import sys
 from typing import Any
 
+from tests.integration.lingering import linger
+
 import graceful
 import graceful.hypercorn
 import graceful.uvicorn
@@ -19,15 +21,6 @@ import graceful.uvicorn
 
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-async def _linger() -> None:
-    try:
-        await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        say("lingering task cancelled")
-        await asyncio.sleep(1.0)
-        raise
 
 
 _tasks: set[asyncio.Task[None]] = set()
@@ -38,7 +31,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                _tasks.add(asyncio.get_running_loop().create_task(_linger()))
+                _tasks.add(asyncio.get_running_loop().create_task(linger(say)))
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
