@@ -19,7 +19,7 @@ of its own by ``graceful.wsgi.CoordinatorThread``:
   deadline and endpoint removal as for the ASGI workers;
 * they keep heartbeating while shutting down, so gunicorn's ``--timeout`` does not kill
   them in a long request, and exit before gunicorn's ``--graceful-timeout`` whatever
-  the app does: the coordinator's hard exit ends the process just before the deadline,
+  the app does: the heartbeat thread ends the process just before the exit deadline,
   and if the app holds the interpreter (a C extension that never releases the GIL) an
   alarm signal with its default action, armed at SIGTERM, ends it a moment later (an
   app that holds it when SIGTERM arrives delays even that: gunicorn's SIGKILL ends it);
@@ -58,6 +58,10 @@ from .wsgi import CoordinatorThread, GracefulMiddleware
 logger = logging.getLogger("graceful")
 
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
+#: The heartbeat ends a worker still running this long before the exit deadline;
+#: SIGALRM's default action ends one that holds the GIL this long after it.
+EXIT_BEFORE_S = 0.05
+ALARM_AFTER_S = 0.02
 
 
 class _GracefulWSGIWorker:
@@ -159,16 +163,16 @@ class _GracefulWSGIWorker:
             self._arm_alarm()
 
     def _arm_alarm(self) -> None:
-        """Last resort for an app that holds the interpreter, so that neither the
-        coordinator's hard exit nor the heartbeat can run: SIGALRM's default action a
-        moment after the hard exit, before the kill deadline."""
+        """Last resort for an app that holds the interpreter, so that no thread of ours
+        can run: SIGALRM's default action a moment after the heartbeat's exit, before
+        the kill deadline."""
         if signal.getitimer(signal.ITIMER_REAL)[0]:
             return  # armed by the first SIGTERM
-        kill_margin = self.coordinator.kill_margin_s
+        exit_margin = _deadlines.exit_margin(self.coordinator.kill_margin_s)
         grace = float(self.cfg.graceful_timeout)
-        exit_margin = _deadlines.exit_margin(kill_margin)
-        # The hard exit comes exit_margin / 2 before SIGKILL; this a little later.
-        signal.setitimer(signal.ITIMER_REAL, max(0.001, grace - exit_margin / 3))
+        # Just after the heartbeat's own exit (see _heartbeat), most of the exit margin
+        # before SIGKILL: the signal may reach this worker late under load.
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, grace - exit_margin + ALARM_AFTER_S))
 
     # ------------------------------------------------------- the coordinator
 
@@ -188,11 +192,31 @@ class _GracefulWSGIWorker:
         # gunicorn's own exit does not (a request cut by an escalation still running).
 
     def _heartbeat(self) -> None:
-        """While shutting down: tell the master we live (a long request would not)."""
+        """While shutting down: tell the master we live (a long request would not), and
+        end the process just before the exit deadline if it still runs then (the
+        coordinator's own hard exit comes later, too close to SIGKILL for a worker that
+        learns of SIGTERM from its master)."""
         beat = max(0.05, min(1.0, (self.timeout or 2) / 4))
         assert self.graceful is not None
-        while not self.graceful.wait_for_phase(Phase.STOPPED, beat):
+        c = self.coordinator
+        while True:
+            wait = beat
+            deadlines = c.deadlines
+            if deadlines is not None:  # the coordinator's clock is asyncio's: monotonic
+                left = deadlines.exit_by - EXIT_BEFORE_S - time.monotonic()
+                if left <= 0:
+                    break
+                wait = min(wait, left)
+            if self.graceful.wait_for_phase(Phase.STOPPED, wait):
+                return
             self.notify()
+        logger.error(
+            "still alive at the last moment before SIGKILL (phase %s, a request still "
+            "runs); exiting",
+            c.phase,
+        )
+        logging.shutdown()
+        os._exit(1)
 
     def _stop_accepting(self) -> None:
         """Draining began: stop accepting (the worker class says how)."""
