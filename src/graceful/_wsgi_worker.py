@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import select
 import signal
@@ -60,8 +61,8 @@ logger = logging.getLogger("graceful")
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 #: The heartbeat ends a worker still running this long before the exit deadline;
 #: SIGALRM's default action ends one that holds the GIL this long after it.
-EXIT_BEFORE_S = 0.05
-ALARM_AFTER_S = 0.02
+EXIT_BEFORE_S = 0.1
+ALARM_AFTER_S = 0.05
 
 
 class _GracefulWSGIWorker:
@@ -89,6 +90,8 @@ class _GracefulWSGIWorker:
         _logging.to_gunicorn(self.log.error_log)
         self.graceful: CoordinatorThread | None = None
         self._signalled = False  # a SIGTERM came while the app was imported
+        self._signalled_at: float | None = None  # the first SIGTERM (the alarm's base)
+        self._alarm_armed = False
         self._beating = False  # the heartbeat thread runs
         self._holding = False  # the drain waits for this worker's loop (module docs)
         self._held_since: float | None = None  # what request_started returned for it
@@ -150,6 +153,8 @@ class _GracefulWSGIWorker:
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         """SIGTERM: start the policy (the coordinator tells a repeat from a relay)."""
+        if self._signalled_at is None:
+            self._signalled_at = time.monotonic()  # the master's SIGKILL counts from here
         if self.graceful is None or not self.graceful.running:  # importing the app:
             self._signalled = True  # run() starts the shutdown
             return
@@ -162,17 +167,33 @@ class _GracefulWSGIWorker:
             self.coordinator.request_shutdown("SIGTERM (while the app was imported)")
             self._arm_alarm()
 
+    def _exit_at(self) -> float:
+        """When the heartbeat ends a worker still running (``time.monotonic()``): from
+        our own SIGTERM, as the alarm, so that the two never swap whatever the
+        coordinator's thread lags; earlier if the coordinator's exit deadline is (the
+        pod's deletionTimestamp)."""
+        exit_margin = _deadlines.exit_margin(self.coordinator.kill_margin_s)
+        at = math.inf
+        if self._signalled_at is not None:
+            at = self._signalled_at + float(self.cfg.graceful_timeout) - exit_margin
+        deadlines = self.coordinator.deadlines
+        if deadlines is not None:  # the coordinator's clock is asyncio's: monotonic
+            at = min(at, deadlines.exit_by)
+        return at - EXIT_BEFORE_S
+
     def _arm_alarm(self) -> None:
         """Last resort for an app that holds the interpreter, so that no thread of ours
         can run: SIGALRM's default action a moment after the heartbeat's exit, before
         the kill deadline."""
-        if signal.getitimer(signal.ITIMER_REAL)[0]:
+        if self._alarm_armed or self._signalled_at is None:
             return  # armed by the first SIGTERM
+        self._alarm_armed = True
         exit_margin = _deadlines.exit_margin(self.coordinator.kill_margin_s)
         grace = float(self.cfg.graceful_timeout)
-        # Just after the heartbeat's own exit (see _heartbeat), most of the exit margin
+        # Just after the heartbeat's own exit (see _exit_at), most of the exit margin
         # before SIGKILL: the signal may reach this worker late under load.
-        signal.setitimer(signal.ITIMER_REAL, max(0.001, grace - exit_margin + ALARM_AFTER_S))
+        at = self._signalled_at + grace - exit_margin + ALARM_AFTER_S
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, at - time.monotonic()))
 
     # ------------------------------------------------------- the coordinator
 
@@ -201,12 +222,10 @@ class _GracefulWSGIWorker:
         c = self.coordinator
         while True:
             wait = beat
-            deadlines = c.deadlines
-            if deadlines is not None:  # the coordinator's clock is asyncio's: monotonic
-                left = deadlines.exit_by - EXIT_BEFORE_S - time.monotonic()
-                if left <= 0:
-                    break
-                wait = min(wait, left)
+            left = self._exit_at() - time.monotonic()
+            if left <= 0:
+                break
+            wait = min(wait, left)
             if self.graceful.wait_for_phase(Phase.STOPPED, wait):
                 return
             self.notify()
