@@ -158,13 +158,14 @@ class _GracefulWSGIWorker:
         if self.graceful is None or not self.graceful.running:  # importing the app:
             self._signalled = True  # run() starts the shutdown
             return
-        self.coordinator.request_shutdown("SIGTERM")
+        self.graceful.request_shutdown("SIGTERM")
         self._arm_alarm()
 
     def _start_if_signalled(self) -> None:
         """At the start of ``run``: a SIGTERM that came while the app was imported."""
         if self._signalled:
-            self.coordinator.request_shutdown("SIGTERM (while the app was imported)")
+            assert self.graceful is not None
+            self.graceful.request_shutdown("SIGTERM (while the app was imported)")
             self._arm_alarm()
 
     def _exit_at(self) -> float:

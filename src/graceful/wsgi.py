@@ -10,9 +10,9 @@ its own, with its own event loop, and hands it what the server's threads report;
     coordinator = graceful.wsgi.CoordinatorThread(
         graceful.ShutdownCoordinator(policy=graceful.AcceptUntilIdle(idle_s=2))
     )
-    coordinator.start()
     app = graceful.wsgi.GracefulMiddleware(flask_app, coordinator)
-    # the server calls coordinator.coordinator.request_shutdown("SIGTERM") at SIGTERM,
+    coordinator.start()  # after the middleware (its metrics hook into the coordinator)
+    # the server calls coordinator.request_shutdown("SIGTERM") at SIGTERM,
     # stops accepting once coordinator.coordinator.draining, and exits at STOPPED
 
 ``graceful.gunicorn.SyncWorker`` and ``ThreadWorker`` do all of that themselves, from the
@@ -126,6 +126,17 @@ class CoordinatorThread:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed: the coordinator stopped
             schedule(functools.partial(function, *args))
+
+    def request_shutdown(self, reason: str = "requested", **options: bool) -> None:
+        """``coordinator.request_shutdown(reason, **options)`` from any thread (a signal
+        handler included); ignored once the coordinator stopped.
+
+        Raises:
+            RuntimeError: before ``start``.
+        """
+        if self._schedule is None:
+            raise RuntimeError("CoordinatorThread.request_shutdown() before start()")
+        self.call(functools.partial(self.coordinator.request_shutdown, reason, **options))
 
     def _on_phase(self, phase: Phase) -> None:
         with self._changed:
@@ -337,7 +348,7 @@ class GracefulMiddleware:
         return "200 OK", _TEXT[1], f"alive ({self.coordinator.phase})\n".encode()
 
     def _prestop(self, environ: Environ) -> tuple[str, str, bytes]:
-        self.coordinator.request_shutdown("preStop", escalate=False)
+        self.thread.request_shutdown("preStop", escalate=False)
         if not self.prestop_waits:
             return "200 OK", _TEXT[1], b"shutdown requested\n"
         if self.thread.wait_for_phase(Phase.DRAINING, self.prestop_timeout_s):
