@@ -1082,7 +1082,8 @@ class _Tasks:
     thread through it even when the kernel delivered the signal to another thread, and
     the main thread then runs the Python-level handler before it looks at the queue
     again.  (A blocking lock acquire is woken only by a signal delivered to the main
-    thread itself.)
+    thread itself, and not by one that arrives between the interpreter's last check and
+    the start of the wait: the parent once ignored a SIGQUIT for good that way.)
     """
 
     def __init__(self) -> None:

@@ -11,9 +11,6 @@ from flask import Flask, Response, request
 
 NAME = os.environ.get("GRACEFUL_DEMO_NAME", "backend")
 
-#: How gunicorn is told to load this app.
-IMPORT_STRING = f"{__name__}:app"
-
 app = Flask(__name__)
 
 
