@@ -52,7 +52,7 @@ from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
 from . import _config, _deadlines, _logging
 from ._config import ConfigError
-from ._coordinator import ShutdownCoordinator
+from ._coordinator import DUPLICATE_WINDOW_S, ShutdownCoordinator
 from ._policy import Phase
 from .wsgi import CoordinatorThread, GracefulMiddleware
 
@@ -152,13 +152,28 @@ class _GracefulWSGIWorker:
     # ---------------------------------------------------------------- signals
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        """SIGTERM: start the policy (the coordinator tells a repeat from a relay)."""
+        """SIGTERM: start the policy.  A repeat within ``DUPLICATE_WINDOW_S`` of the
+        first is the same event (a process group's signal and the master's relay of it)
+        and a later one escalates — judged here, by when the signals arrived: the
+        coordinator's thread may run the two calls late, closer together or further
+        apart than the signals were."""
+        now = time.monotonic()
+        first = self._signalled_at is None
         if self._signalled_at is None:
-            self._signalled_at = time.monotonic()  # the master's SIGKILL counts from here
+            self._signalled_at = now  # the master's SIGKILL counts from here
         if self.graceful is None or not self.graceful.running:  # importing the app:
             self._signalled = True  # run() starts the shutdown
             return
-        self.graceful.request_shutdown("SIGTERM")
+        if first:
+            self.graceful.request_shutdown("SIGTERM")
+        elif now - self._signalled_at < DUPLICATE_WINDOW_S:
+            logger.info(
+                "SIGTERM again %.0f ms after the first: the same event (a process group's "
+                "signal and its relay), not an escalation",
+                (now - self._signalled_at) * 1000,
+            )
+        else:
+            self.graceful.request_shutdown("SIGTERM again")  # escalates: not the same reason
         self._arm_alarm()
 
     def _start_if_signalled(self) -> None:

@@ -285,6 +285,9 @@ def test_graceful_run_workers_share_one_view_and_a_killed_worker_is_marked_dead(
         match = server.wait_for_line(r"with 2 workers \(pids (\d+), (\d+)\)")
         pids = [int(match[1]), int(match[2])]
         port = int(server.wait_for_line(r"listening on http://127\.0\.0\.1:(\d+)")[1])
+        # Both serve as the parent sees it too: a worker killed before its ready byte
+        # reached the parent "failed to start" instead of dying while serving.
+        server.wait_for_line(r"worker \d+ serves", count=2)
         _scrape_until(port, lambda m: m.get("graceful_phase[serving]") == 2.0)
         assert list(directory.glob(f"gauge_live*_{pids[0]}.db"))
         os.kill(pids[0], signal.SIGKILL)

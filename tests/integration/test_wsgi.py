@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from graceful._coordinator import DUPLICATE_WINDOW_S
+
 from .servers import RawHTTP, ServerProcess, sigstop, wait_for
 
 gunicorn = pytest.importorskip("gunicorn")
@@ -138,6 +140,13 @@ def test_drain_signal_is_in_the_environ(started: list[ServerProcess], worker: li
 def status(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/status") as lines:
         return {k: v.strip() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return status(pid)["State"].startswith("Z")
+    except FileNotFoundError:
+        return True
 
 
 def sigterm_pending(pid: int) -> bool:
@@ -296,3 +305,26 @@ def test_metrics_endpoint(started: list[ServerProcess], worker: list[str]) -> No
     text = body.decode()
     assert 'graceful_phase{phase="serving"} 1.0' in text
     assert "graceful_requests_total 1.0" in text  # the request, not the scrape
+
+
+def test_deliberate_second_sigterm_stops_at_once(
+    started: list[ServerProcess], worker: list[str]
+) -> None:
+    """A second SIGTERM a duplicate window after the first is deliberate: the worker
+    stops at once (the 30 s request is cut), where the master's relay of a group
+    signal is not (fault suite)."""
+    server = start(started, worker=worker, env={"GRACEFUL_POLICY": "serve-until-killed"})
+    pid = worker_pid(server)
+    client = RawHTTP(server.port)
+    client.send("/slow?s=30&id=cut")
+    server.wait_for_line("slow request started cut")
+    os.kill(pid, signal.SIGTERM)
+    sent = time.monotonic()
+    server.wait_for_line(r"serving -> accepting: SIGTERM")
+    due = sent + DUPLICATE_WINDOW_S + 0.05
+    while time.monotonic() < due:  # not the same event: a whole window later
+        time.sleep(due - time.monotonic())
+    os.kill(pid, signal.SIGTERM)
+    server.wait_for_line(r"-> stopping: SIGTERM again \(escalated\)", timeout_s=10)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}/status") or zombie(pid), 10,
+             f"worker {pid} gone")  # fmt: skip
