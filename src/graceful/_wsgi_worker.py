@@ -23,8 +23,9 @@ of its own by ``graceful.wsgi.CoordinatorThread``:
   and if the app holds the interpreter (a C extension that never releases the GIL) an
   alarm signal with its default action, armed at SIGTERM, ends it a moment later (an
   app that holds it when SIGTERM arrives delays even that: gunicorn's SIGKILL ends it);
-* a repeated SIGTERM (after 0.3 s: not the master's copy of a process-group signal)
-  stops at once, cutting what runs; SIGINT and SIGQUIT stop at once, as gunicorn's do.
+* a repeated SIGTERM is the master's relay of a process-group signal, however late it
+  comes, never an escalation; SIGINT and SIGQUIT (gunicorn's quick shutdown) stop at
+  once.
 
 The drain waits for the worker's own loop: from the start of draining the worker holds
 one request open in the coordinator (``request_started``; the log's counts include it)
@@ -52,7 +53,7 @@ from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
 from . import _config, _deadlines, _logging
 from ._config import ConfigError
-from ._coordinator import DUPLICATE_WINDOW_S, ShutdownCoordinator
+from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 from .wsgi import CoordinatorThread, GracefulMiddleware
 
@@ -152,11 +153,10 @@ class _GracefulWSGIWorker:
     # ---------------------------------------------------------------- signals
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        """SIGTERM: start the policy.  A repeat within ``DUPLICATE_WINDOW_S`` of the
-        first is the same event (a process group's signal and the master's relay of it)
-        and a later one escalates — judged here, by when the signals arrived: the
-        coordinator's thread may run the two calls late, closer together or further
-        apart than the signals were."""
+        """SIGTERM: start the policy.  A repeated SIGTERM is not an escalation here:
+        under gunicorn it is the master relaying a process group's signal, which comes
+        late when the machine is loaded (CI saw more than a second); gunicorn's quick
+        shutdown is SIGINT or SIGQUIT, which stop a worker at once."""
         now = time.monotonic()
         first = self._signalled_at is None
         if self._signalled_at is None:
@@ -166,14 +166,12 @@ class _GracefulWSGIWorker:
             return
         if first:
             self.graceful.request_shutdown("SIGTERM")
-        elif now - self._signalled_at < DUPLICATE_WINDOW_S:
+        else:
             logger.info(
-                "SIGTERM again %.0f ms after the first: the same event (a process group's "
-                "signal and its relay), not an escalation",
+                "SIGTERM again %.0f ms after the first: the master's relay, not an "
+                "escalation (SIGINT or SIGQUIT stop at once)",
                 (now - self._signalled_at) * 1000,
             )
-        else:
-            self.graceful.request_shutdown("SIGTERM again")  # escalates: not the same reason
         self._arm_alarm()
 
     def _start_if_signalled(self) -> None:

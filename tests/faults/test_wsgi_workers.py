@@ -205,7 +205,7 @@ def test_process_group_sigterm_is_not_an_escalation(
     code = server.wait_exit(20)
     record(f"{summarize(results)}; escalated: {server.has_line('escalated')}; exit {code}")
     assert [(r.kind, r.status) for r in results] == [("ok", 200), ("ok", 200)]
-    assert not server.has_line("escalated")
+    assert not server.has_line("escalated"), server.output()
     assert code == 0
 
 
