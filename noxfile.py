@@ -20,6 +20,7 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 SERVER_TESTS = [
     "tests/integration/test_gunicorn.py",
     "tests/integration/test_uvicorn.py",
+    "tests/integration/test_uvicorn_hot_path.py",
     "tests/integration/test_cli.py",
 ]
 

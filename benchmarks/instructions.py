@@ -10,8 +10,8 @@ shared machine where wall-clock differences of a few percent are lost in the noi
 variant runs twice (a short and a long run); the difference divided by the extra calls is
 the per-request cost, free of start-up.  ``tracked`` is one turn of the loop
 ``with coordinator.track_request(): handler()`` (``benchmarks/tracking.py``); the last line
-is graceful's uvicorn server's hot path (its protocol starting a request's task) against
-uvicorn's protocol, in this tree only.  ``--src``
+is graceful's uvicorn server's hot path (a request's task run with the app its server
+gives uvicorn) against uvicorn's own app, in this tree only.  ``--src``
 runs another checkout's ``src`` (e.g. a ``git worktree`` of the previous release) side by
 side, for a before/after figure.
 """
@@ -40,10 +40,10 @@ if sys.argv[1] == "track":
     tracked(int(sys.argv[2]), ShutdownCoordinator())
 elif sys.argv[1] in ("uvicorn", "graceful"):
     import asyncio
-    from benchmarks.tracking import hot_path_protocols, start_tasks
+    from benchmarks.tracking import hot_path_apps, start_tasks
     async def main():
-        protocols, _ = hot_path_protocols()
-        await start_tasks(protocols[sys.argv[1]], int(sys.argv[2]))
+        apps, _ = hot_path_apps()
+        await start_tasks(apps[sys.argv[1]], int(sys.argv[2]))
     asyncio.run(main())
 else:
     coordinator = ShutdownCoordinator()
@@ -101,7 +101,7 @@ def main() -> int:
     uvicorn = per_request("uvicorn", calls, ROOT / "src")
     graceful = per_request("graceful", calls, ROOT / "src")
     print(
-        f"\ngraceful's uvicorn server, a request's task started (and run): uvicorn's protocol "
+        f"\ngraceful's uvicorn server, a request's task started (and run): uvicorn's app "
         f"{uvicorn:.0f}, graceful's {graceful:.0f}, the hot path adds {graceful - uvicorn:.0f}"
     )
     return 0

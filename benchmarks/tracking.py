@@ -75,8 +75,7 @@ async def measure_middleware(n: int, repeats: int) -> dict[str, list[float]]:
     return results
 
 
-#: The keys uvicorn's httptools protocol puts in an HTTP scope (13: adding the
-#: extensions key does not make the dict grow, as it would with SCOPE's 5).
+#: The keys uvicorn's httptools protocol puts in an HTTP scope.
 HTTPTOOLS_SCOPE = {
     "type": "http",
     "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -95,8 +94,8 @@ HTTPTOOLS_SCOPE = {
 
 
 class _Cycle:
-    """What ``_start_asgi_task`` reads of uvicorn's request cycle: the scope, and a
-    ``run_asgi`` coroutine (that returns at once here)."""
+    """What uvicorn's request task runs: ``run_asgi(app)``, the app called with the
+    cycle's scope (the demo app answers at once here)."""
 
     __slots__ = ("scope",)
 
@@ -104,36 +103,53 @@ class _Cycle:
         self.scope = scope
 
     async def run_asgi(self, app: Any) -> None:
-        pass
+        await app(self.scope, _receive, _send)
 
 
-async def _start_tasks_ns(protocol: Any, n: int) -> float:
-    """The median ns of one ``protocol._start_asgi_task`` call.
+async def _receive() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
-    Each call is timed on its own (the clock read costs the same on both sides of a
-    comparison) and the tasks it starts run between the timed calls, so the median is
-    free of what the tasks cost and of the machine's hiccups.
+
+async def _send(message: dict[str, Any]) -> None:
+    pass
+
+
+def _start(app: Any, tasks: set[asyncio.Task[None]]) -> Any:
+    """Start a request's task as uvicorn does (held in the server's task set)."""
+    create_task = asyncio.get_running_loop().create_task
+
+    def start(cycle: _Cycle) -> None:
+        task = create_task(cycle.run_asgi(app))
+        task.add_done_callback(tasks.discard)
+        tasks.add(task)
+
+    return start
+
+
+async def _requests_ns(app: Any, n: int) -> float:
+    """The median ns of one request's task started and run to its end.
+
+    Each request is timed on its own (the clock read costs the same on both sides of a
+    comparison), so the median is free of the machine's hiccups.
     """
-    start, app, tasks = protocol._start_asgi_task, protocol.app, protocol.tasks
+    tasks: set[asyncio.Task[None]] = set()
+    start = _start(app, tasks)
     clock = time.perf_counter_ns
     samples = []
     for _ in range(n // 64):
-        cycles = [_Cycle(dict(HTTPTOOLS_SCOPE)) for _ in range(64)]
-        for cycle in cycles:
+        for cycle in [_Cycle(dict(HTTPTOOLS_SCOPE)) for _ in range(64)]:
             t0 = clock()
-            start(cycle, app)
-            samples.append(clock() - t0)
-        if tasks:
+            start(cycle)
             await asyncio.wait(list(tasks))
+            samples.append(clock() - t0)
     return statistics.median(samples)
 
 
-def hot_path_protocols() -> tuple[dict[str, Any], Any]:
-    """uvicorn's httptools protocol and graceful's server's protocol class (its fast
-    path: the request counted, the DrainSignal in the scope, the middleware bypassed),
-    one instance each, and graceful's server; call in a running event loop."""
+def hot_path_apps() -> tuple[dict[str, Any], Any]:
+    """What uvicorn's protocol calls for a request: the app uvicorn loaded, and the app
+    graceful's server gives it instead (its hot path: the request counted, the
+    middleware bypassed); and graceful's server.  Call in a running event loop."""
     import uvicorn
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from graceful._demo.app import app
     from graceful.uvicorn import Server
@@ -141,38 +157,35 @@ def hot_path_protocols() -> tuple[dict[str, Any], Any]:
     server = Server(uvicorn.Config(app, http="httptools", log_level="warning"))
     server._loop = asyncio.get_running_loop()
     server._prepare()
-    graceful_class: Any = server.config.http_protocol_class
-    config = server.config
-    protocols: dict[str, Any] = {
-        name: cls(config=config, server_state=server.server_state, app_state={})
-        for name, cls in (("uvicorn", HttpToolsProtocol), ("graceful", graceful_class))
-        if cls is not None
-    }
-    return protocols, server
+    assert server._hot is not None, "no hot path (httptools missing?)"
+    apps = {"uvicorn": server._hot.middleware.app, "graceful": server.config.loaded_app}
+    return apps, server
 
 
-async def start_tasks(protocol: Any, n: int) -> None:
-    """``n`` requests' tasks started by ``protocol`` (and run), untimed: for callgrind."""
-    start, app, tasks = protocol._start_asgi_task, protocol.app, protocol.tasks
+async def start_tasks(app: Any, n: int) -> None:
+    """``n`` requests' tasks started with ``app`` (and run), untimed: for callgrind."""
+    tasks: set[asyncio.Task[None]] = set()
+    start = _start(app, tasks)
     for _ in range(n // 64):
         for cycle in [_Cycle(dict(HTTPTOOLS_SCOPE)) for _ in range(64)]:
-            start(cycle, app)
+            start(cycle)
         await asyncio.wait(list(tasks))
 
 
 async def measure_server_hot_path(n: int, repeats: int) -> dict[str, list[float]]:
-    """uvicorn's protocol starting a request's task against graceful's server's: the
+    """A request's task with uvicorn's app against one with graceful's hot path: the
     per-request work graceful adds to uvicorn."""
-    protocols, server = hot_path_protocols()
+    apps, server = hot_path_apps()
     results: dict[str, list[float]] = {"uvicorn": [], "graceful": [], "overhead": []}
     n -= n % 64
     for _ in range(repeats):
-        u = await _start_tasks_ns(protocols["uvicorn"], n)
-        g = await _start_tasks_ns(protocols["graceful"], n)
+        u = await _requests_ns(apps["uvicorn"], n)
+        g = await _requests_ns(apps["graceful"], n)
         results["uvicorn"].append(u)
         results["graceful"].append(g)
         results["overhead"].append(g - u)
-    assert server._fastpath.started == n * repeats, "the fast path did not run"
+    assert server._hot is not None
+    assert server._hot.started == n * repeats, "the hot path did not run"
     return results
 
 
@@ -213,7 +226,7 @@ def main() -> None:
     show(f"\nGracefulMiddleware in-process, {calls:,} calls x {args.repeats} repeats", middleware)
     hot_path = asyncio.run(measure_server_hot_path(calls, args.repeats))
     show(
-        f"\ngraceful's uvicorn server, starting a request's task, {calls:,} x {args.repeats}"
+        f"\ngraceful's uvicorn server, a request's task run to its end, {calls:,} x {args.repeats}"
         " (medians of single calls)",
         hot_path,
     )

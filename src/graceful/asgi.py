@@ -23,9 +23,12 @@ What it does per scope type
     Passed through; readiness answers 503 until startup completed (when the server runs
     lifespan at all).
 
-Streaming handlers (SSE, long polls) find a ``DrainSignal`` in
-``scope["extensions"]["graceful"]`` (or via ``drain_signal``) to learn that draining
-began and how long is left, so they can end the stream cleanly.
+Streaming handlers (SSE, long polls) find the ``DrainSignal`` with ``drain_signal(scope)``
+to learn that draining began and how long is left, so they can end the stream cleanly.
+It is put in the lifespan ``state`` (servers copy it into every request's
+``scope["state"]``: ``scope["state"]["graceful"]``) and, by the middleware, in
+``scope["extensions"]["graceful"]`` — deprecated for direct reading: graceful's uvicorn
+server does not put it there on its hot path.
 
 Health endpoints (configurable paths, ``None`` disables one):
 
@@ -86,7 +89,7 @@ def _with_connection_close(message: Message) -> Message:
 class DrainSignal:
     """What a handler may know about the shutdown (one shared object per middleware).
 
-    Found in ``scope["extensions"]["graceful"]``.  A streaming handler typically does::
+    Found with ``drain_signal(scope)``.  A streaming handler typically does::
 
         signal = graceful.asgi.drain_signal(scope)
         while not signal.draining:
@@ -119,10 +122,16 @@ class DrainSignal:
 
 
 def drain_signal(scope: Scope) -> DrainSignal | None:
-    """Return the ``DrainSignal`` of the request, or ``None`` outside the middleware."""
-    extensions = scope.get("extensions") or {}
-    signal = extensions.get("graceful")
-    return signal if isinstance(signal, DrainSignal) else None
+    """Return the ``DrainSignal`` of the request, or ``None`` outside the middleware.
+
+    It is looked up in ``scope["state"]["graceful"]`` (the lifespan state the server
+    copies into every request) and in ``scope["extensions"]["graceful"]`` (where the
+    middleware puts it too; deprecated for direct reading)."""
+    for where in ("state", "extensions"):
+        signal = (scope.get(where) or {}).get("graceful")
+        if isinstance(signal, DrainSignal):
+            return signal
+    return None
 
 
 def _check_path(name: str, value: str | None) -> str | None:
@@ -252,6 +261,9 @@ class GracefulMiddleware:
             self._add_extension(scope)
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
+            state = scope.get("state")
+            if state is not None:  # servers copy it into every request's scope
+                state["graceful"] = self._signal
             await self.app(scope, self._observe_lifespan(receive), self._observe_send(send))
         else:
             await self.app(scope, receive, send)

@@ -34,26 +34,23 @@ subclasses of the configured protocol classes), ``Server.handle_exit``,
 The hot path
 ------------
 With uvicorn's ``httptools`` protocol (what ``uvicorn[standard]`` picks), a request
-served while nothing shuts down does not go through the middleware at all: the protocol
-class hands it straight to the app with the ``graceful.asgi.DrainSignal`` in its
-scope, and counts it in one integer (the coordinator reads uvicorn's connections for the
-requests in flight: ``graceful.ShutdownCoordinator.add_request_source``).  At the
-shutdown request the server *adopts* the requests in flight — each is reported to the
-coordinator from then on and its task's end reports its end — and every request that
-starts later takes the middleware's full path (counted, timed, nudged).  When nudging
-begins, every request whose response has not started gets uvicorn's own ``keep_alive =
-False`` (httptools then writes ``Connection: close`` and closes after the response).  A
-request adopted this way and cut at stopping gets the middleware's 503, sent by the
-server before the cancellation.  Health, metrics and preStop paths, websockets and
-lifespan always go to the middleware.  With ``h11``, which writes no ``Connection:
-close`` for ``keep_alive = False``, every request takes the middleware's path.
-
-The hand-over is uvicorn's ``_start_asgi_task``, replaced on graceful's protocol class
-while nothing shuts down (and removed from it at the shutdown request).  Where uvicorn's
-method is the one of 0.50 to 0.54 — a test tells when an installed uvicorn changes it —
-its three lines (start the task, hold it in the server's task set) are inlined rather
-than called; with ``--reset-contextvars`` or another uvicorn it is called.  The protocol
-subclasses add no attribute to their instances (see ``_tracking_class``).
+served while nothing shuts down does not go through the middleware: the app uvicorn is
+given (``Config.loaded_app``, the ASGI seam every server has) is a small dispatcher that
+hands it straight to the application and counts it in two integers (the coordinator
+reads them as a request source: ``graceful.ShutdownCoordinator.add_request_source``);
+the app finds the ``graceful.asgi.DrainSignal`` in the lifespan state uvicorn copies
+into every request's scope.  At the shutdown request the
+dispatcher *adopts* the requests in flight — each is reported to the coordinator from
+then on, until it returns — and sends every later request through the middleware's full
+path (counted, timed, nudged).  When nudging begins, every request whose response has
+not started gets uvicorn's ``keep_alive = False`` (httptools then writes ``Connection:
+close`` and closes after the response).  An adopted request cut at stopping gets the
+middleware's 503, sent by the server before the cancellation.  Health, metrics
+and preStop paths, websockets and lifespan always go to the middleware.  With ``h11``,
+which writes no ``Connection: close`` for ``keep_alive = False``, every request takes
+the middleware's path.  No uvicorn method is replaced and no private name of uvicorn's
+is on the request path; the protocol subclasses add no attribute to their instances
+(see ``_tracking_class``).
 
 Signals: SIGTERM and SIGINT request shutdown (a second one escalates, a third exits at
 once), SIGQUIT stops at once.  uvicorn re-raises captured signals after shutdown so that
@@ -65,11 +62,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
 import logging
 import signal
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from types import FrameType
 from typing import Any
 
@@ -138,8 +134,6 @@ def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[An
                     server._transport_closed(transport)
 
     Tracking.__name__ = Tracking.__qualname__ = f"Graceful{base.__name__}"
-    if counts and server._fastpath.on:
-        server._fastpath.install(Tracking, base, server)
     return Tracking
 
 
@@ -216,7 +210,8 @@ class Server(uvicorn.Server):
         self._listening = True
         self._closing: asyncio.Future[Any] | None = None
         self._signals_captured = False
-        self._fastpath = _FastPath()
+        self._hot: _HotPath | None = None
+        self._adopted: list[Any] = []  # the hot path's cycles running at adoption
         self._nudged = False
         self.coordinator.subscribe(self._on_phase)
 
@@ -232,14 +227,10 @@ class Server(uvicorn.Server):
             )
             config.loaded_app = middleware
             c = self.coordinator
-            protocol = config.http_protocol_class
-            if (
-                _is_httptools(protocol)
-                and hasattr(protocol, "_start_asgi_task")  # uvicorn 0.50 to 0.54 have it
-                and not c.shutdown_requested
-            ):
-                self._fastpath.prepare(middleware)
-                c.add_request_source(self._fast_requests)
+            if _is_httptools(config.http_protocol_class) and not c.shutdown_requested:
+                self._hot = _HotPath(middleware, self.server_state.tasks)
+                config.loaded_app = self._hot.app
+                c.add_request_source(self._hot.requests)
         self._http_class = _tracking_class(config.http_protocol_class, self, counts=True)
         config.http_protocol_class = self._http_class
         if config.ws_protocol_class is not None:
@@ -280,6 +271,11 @@ class Server(uvicorn.Server):
         """uvicorn's startup, then: count accepts, and close the listener at once if
         draining began while the app was starting (a SIGTERM during lifespan startup)."""
         await super().startup(sockets=sockets)
+        if self._hot is not None:
+            # The DrainSignal in every request's scope["state"] (uvicorn copies the
+            # lifespan state into each): the middleware put it there if the app ran
+            # lifespan; with lifespan off, here.
+            self.lifespan.state["graceful"] = self._hot.middleware.drain_signal
         for server in getattr(self, "servers", []):
             count_accepts(server, self._handovers)
         if not self._listening:  # draining began before the listener existed
@@ -361,11 +357,18 @@ class Server(uvicorn.Server):
             connection.shutdown()
 
     def _on_phase(self, phase: Phase) -> None:
-        fp = self._fastpath
-        if fp.on:
-            fp.uninstall()
-            self._adopt_fast_requests()
-        if fp.middleware is not None and self.coordinator.nudging and not self._nudged:
+        hot = self._hot
+        if hot is not None and hot.on:
+            hot.adopt(self.coordinator)
+            # Their responses, for the 503 of a cut (uvicorn's cycles: the ASGI scope and
+            # send of each connection's current request).
+            self._adopted = [
+                cycle
+                for cycle in self._cycles()
+                if not cycle.response_complete
+                and cycle.scope["path"] not in hot.middleware.health_endpoints
+            ]
+        if hot is not None and self.coordinator.nudging and not self._nudged:
             self._nudged = True
             self._nudge_in_flight()
         if phase >= Phase.DRAINING:
@@ -391,37 +394,6 @@ class Server(uvicorn.Server):
             if self._wake is not None and not self._wake.done():
                 self._wake.set_result(None)
 
-    def _fast_tasks(self) -> list[tuple[asyncio.Task[Any], Any]]:
-        """The running request tasks the fast path started, with their cycles."""
-        found = []
-        app = self._fastpath.app
-        for task in self.server_state.tasks:
-            if task.done():
-                continue
-            # uvicorn's task runs ``cycle.run_asgi(app)``: its frame holds both.
-            frame = getattr(task.get_coro(), "cr_frame", None)
-            if frame is not None and frame.f_locals.get("app") is app:
-                found.append((task, frame.f_locals.get("self")))
-        return found
-
-    def _fast_requests(self) -> tuple[int, int]:
-        """The coordinator's request source (in flight, started) for the fast path."""
-        fp = self._fastpath
-        return (len(self._fast_tasks()) if fp.on else 0), fp.started
-
-    def _adopt_fast_requests(self) -> None:
-        """Shutdown was requested: report the fast path's requests still running to the
-        coordinator, each until its task ends (a response may be complete while the app
-        still runs, e.g. a background task); every later request takes the middleware.
-        """
-        c = self.coordinator
-        running = self._fast_tasks()
-        for task, cycle in running:
-            if cycle is not None:
-                cycle.graceful_adopted = True
-            task.add_done_callback(_finisher(c, c.request_started()))
-        self._fastpath.started -= len(running)  # counted by the coordinator from now on
-
     def _nudge_in_flight(self) -> None:
         """Nudging began: requests whose response has not started close their
         connection after it, with ``Connection: close``.
@@ -430,15 +402,43 @@ class Server(uvicorn.Server):
         cycle writes it only when the *request* carried it, so there the header joins the
         request's header list too (a hop-by-hop header, meant for this connection).
         """
-        connection: Any
-        for connection in self.server_state.connections:
-            cycle = getattr(connection, "cycle", None) if self._is_http(connection) else None
-            if cycle is not None and not cycle.response_started:
+        for cycle in self._cycles():
+            if not cycle.response_started:
                 cycle.keep_alive = False
                 if not _KEEP_ALIVE_WRITES_CLOSE:
                     headers = cycle.scope["headers"]
                     if _CLOSE_HEADER not in headers:
                         headers.append(_CLOSE_HEADER)
+
+    def _cycles(self) -> list[Any]:
+        """The request cycle (scope, send, response state) of every HTTP connection."""
+        connection: Any
+        cycles = []
+        for connection in self.server_state.connections:
+            cycle = getattr(connection, "cycle", None) if self._is_http(connection) else None
+            if cycle is not None:
+                cycles.append(cycle)
+        return cycles
+
+    async def _answer_adopted_cut(self, timeout_s: float) -> None:
+        """Before the cut: a request adopted from the hot path has no middleware around
+        it to answer 503, so the server sends it (as the middleware would) when its
+        response has not started; the app's task is cancelled right after (a handler
+        that ignores the cancellation has its answer all the same)."""
+        if self._hot is None:
+            return
+        cut = self._hot.middleware.cut
+        cycles = [
+            cycle
+            for cycle in self._adopted
+            if not cycle.response_started and not cycle.disconnected
+        ]
+        if cycles:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(cut(cycle.scope, cycle.send) for cycle in cycles)),
+                    max(0.001, timeout_s),
+                )
 
     def _stop_listening(self) -> None:
         if not self._listening or self._loop is None:
@@ -500,35 +500,6 @@ class Server(uvicorn.Server):
             c.request_shutdown("server exit", drain_now=True)
         await self._tick_until(Phase.STOPPED)
 
-    async def _answer_adopted_cut(self, timeout_s: float) -> None:
-        """Before the cut: a request adopted from the fast path has no middleware around
-        it to answer 503, so the server sends it (as the middleware would) when its
-        response has not started; the app's task is cancelled right after."""
-        middleware = self._fastpath.middleware
-        if middleware is None:
-            return
-        cycles = [
-            cycle
-            for cycle in self._fast_cycles_adopted()
-            if not cycle.response_started and not cycle.disconnected
-        ]
-        if cycles:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*(middleware.cut(cy.scope, cy.send) for cy in cycles)),
-                    max(0.001, timeout_s),
-                )
-
-    def _fast_cycles_adopted(self) -> list[Any]:
-        connection: Any
-        cycle: Any
-        cycles = []
-        for connection in self.server_state.connections:
-            cycle = getattr(connection, "cycle", None)
-            if getattr(cycle, "graceful_adopted", False) and not cycle.response_complete:
-                cycles.append(cycle)
-        return cycles
-
     async def _finish(self) -> None:
         """Stopping: let websockets close with 1001, cut requests, run lifespan shutdown.
 
@@ -572,104 +543,86 @@ class Server(uvicorn.Server):
 
 
 @final
-class _FastPath:
-    """The hot path (see "The hot path" in the module docs).
+class _HotPath:
+    """The hot path (see "The hot path" in the module docs): the app uvicorn calls.
 
-    While it is on, the HTTP protocol class has a ``_start_asgi_task`` of its own that
-    hands a request straight to the app; the first phase change removes it from the
-    class, so that uvicorn's own method runs again and every later request takes the
-    middleware.  Everything that method reads is bound in its closure: no flag tested
-    and no attribute looked up per request (``on`` is for the server's cold paths).
+    ``app`` is a plain function that returns the coroutine of the app it picks, so the
+    hot path adds no coroutine of its own to a request: per request it tests one flag,
+    the scope's type and path, and counts one integer (the ``DrainSignal`` is in the
+    lifespan state, which uvicorn copies into every request's scope).  uvicorn's own
+    task set (``server_state.tasks``) holds the requests in flight: a request's task
+    awaits the coroutine the dispatcher returned, so those that do not await the
+    middleware's are the hot path's (``running``; the task asking, a scrape or a
+    shutdown request, is running rather than awaiting: its call stack tells).  ``adopt`` (the first phase change)
+    turns the hot path off for good: the requests still running are reported to the
+    coordinator, each until its task ends, and later ones go to the middleware.
     """
 
-    __slots__ = ("_classes", "app", "drain_signal", "middleware", "on", "special_paths", "started")
+    __slots__ = ("app", "middleware", "on", "started", "tasks")
 
-    def __init__(self) -> None:
-        self.on = False  # while nothing shuts down, with httptools
-        self.middleware: GracefulMiddleware | None = None
-        self.app: ASGIApp | None = None  # what the middleware wraps
-        self.special_paths: Any = frozenset()  # health, metrics, preStop
-        self.drain_signal: Any = None
+    def __init__(self, middleware: GracefulMiddleware, tasks: set[asyncio.Task[Any]]) -> None:
+        self.middleware = middleware
+        self.tasks = tasks  # uvicorn's server_state.tasks
+        self.on = True  # until the first phase change
         self.started = 0  # requests it started (less those adopted)
-        self._classes: list[type[Any]] = []
+        self.app: ASGIApp = self._dispatcher(middleware)
 
-    def prepare(self, middleware: GracefulMiddleware) -> None:
-        self.middleware, self.app = middleware, middleware.app
-        self.special_paths = middleware.health_endpoints
-        self.drain_signal = middleware.drain_signal
-        self.on = True
+    def running(self) -> list[asyncio.Task[Any]]:
+        """The tasks of the hot path's requests still running."""
+        middleware_code = type(self.middleware).__call__.__code__
+        current = asyncio.current_task()
+        found: list[asyncio.Task[Any]] = []
+        for task in self.tasks:
+            if task.done():
+                continue
+            if task is current:  # a request asking (a scrape, a shutdown): not suspended
+                if not _called_from(middleware_code):
+                    found.append(task)
+                continue
+            awaited: Any = task.get_coro()
+            codes = []
+            while awaited is not None:  # the chain of coroutines the task awaits
+                codes.append(getattr(awaited, "cr_code", None))
+                awaited = getattr(awaited, "cr_await", None)
+            # Two or more: started (the task's own coroutine awaits an app's).
+            if len(codes) > 1 and middleware_code not in codes:
+                found.append(task)
+        return found
 
-    def install(self, cls: type[Any], base: type[Any], server: Server) -> None:
-        """Give ``cls`` (a tracking subclass of uvicorn's httptools protocol) the fast
-        ``_start_asgi_task``.
+    def requests(self) -> tuple[int, int]:
+        """The coordinator's request source: ``(in_flight, started)``."""
+        return (len(self.running()) if self.on else 0), self.started
 
-        Where uvicorn's own method is the one of 0.50 to 0.54 (the same source text)
-        and ``reset_contextvars`` is off, its three lines — create the task, let
-        the server's task set hold it until it ends — are inlined, with everything
-        they look up bound once: the call through to it costs more than the rest of
-        the fast path.  Otherwise the fast path calls uvicorn's method.
-        """
-        start_asgi_task = base._start_asgi_task  # httptools, uvicorn 0.50+ (see _prepare)
-        middleware, app, special_paths = self.middleware, self.app, self.special_paths
-        drain_signal, fp = self.drain_signal, self
-        fast: Callable[[Any, Any, Any], None]
-        if (
-            _is_uvicorns_start_asgi_task(start_asgi_task)
-            and not getattr(server.config, "reset_contextvars", False)
-            and server._loop is not None
-        ):
-            create_task = server._loop.create_task
-            add, discard = server.server_state.tasks.add, server.server_state.tasks.discard
-
-            def fast(protocol: Any, cycle: Any, asgi_app: Any) -> None:
-                scope = cycle.scope
-                # uvicorn's limit_concurrency answer (another app) is left alone.
-                if asgi_app is not middleware or scope["path"] in special_paths:
-                    return start_asgi_task(protocol, cycle, asgi_app)  # type: ignore[no-any-return]
-                scope["extensions"] = {"graceful": drain_signal}
-                fp.started += 1
-                task = create_task(cycle.run_asgi(app))
-                task.add_done_callback(discard)
-                add(task)
-                return None
-
-        else:
-
-            def fast(protocol: Any, cycle: Any, asgi_app: Any) -> None:
-                scope = cycle.scope
-                if asgi_app is middleware and scope["path"] not in special_paths:
-                    scope["extensions"] = {"graceful": drain_signal}
-                    fp.started += 1
-                    asgi_app = app
-                start_asgi_task(protocol, cycle, asgi_app)
-
-        cls._start_asgi_task = fast
-        self._classes.append(cls)
-
-    def uninstall(self) -> None:
-        """Shutdown was requested: uvicorn's own method from now on."""
+    def adopt(self, coordinator: ShutdownCoordinator) -> None:
+        """Shutdown was requested: report the requests in flight to the coordinator,
+        each until its task ends; every later request takes the middleware."""
+        running = self.running()
         self.on = False
-        for cls in self._classes:
-            with contextlib.suppress(AttributeError):
-                del cls._start_asgi_task
-        self._classes.clear()
+        self.started -= len(running)  # counted by the coordinator from now on
+        for task in running:
+            task.add_done_callback(_finisher(coordinator, coordinator.request_started()))
+
+    def _dispatcher(self, middleware: GracefulMiddleware) -> ASGIApp:
+        hot, app, special_paths = self, middleware.app, middleware.health_endpoints
+
+        def graceful(scope: Any, receive: Any, send: Any) -> Awaitable[None]:
+            if hot.on and scope["type"] == "http" and scope["path"] not in special_paths:
+                hot.started += 1
+                return app(scope, receive, send)
+            return middleware(scope, receive, send)
+
+        return graceful
 
 
-#: The SHA-256 of the source of uvicorn's ``HttpToolsProtocol._start_asgi_task`` in
-#: 0.50 to 0.54 (the same text in each), which the hot path inlines.
-_START_ASGI_TASK_SHA256 = "9c08c2571ae9b0380320a24c20c3af18d165f168c21bc3aaf14754a5b0fc2b8a"
-
-
-def _is_uvicorns_start_asgi_task(method: Any) -> bool:
-    """``method`` is uvicorn's own ``_start_asgi_task`` as the fast path inlines it: the
-    same source text, so any change in a later uvicorn turns the inlining off."""
-    if getattr(method, "__module__", None) != "uvicorn.protocols.http.httptools_impl":
-        return False
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):  # no source to compare: call it rather than guess
-        return False
-    return hashlib.sha256(source.encode()).hexdigest() == _START_ASGI_TASK_SHA256
+def _called_from(code: Any) -> bool:
+    """Whether a frame of ``code`` is on the current call stack (a running coroutine's
+    frames link to the ones that resumed it)."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _finisher(

@@ -163,7 +163,11 @@ def test_short_graceful_timeout_shrinks_the_kill_margin() -> None:
         server.wait_for_line(r"Application startup complete")
         assert RawHTTP(port).get("/")[0] == 200
         server.signal(signal.SIGTERM)
-        server.wait_for_line(r"serving -> accepting: SIGTERM .*SIGKILL expected in 1\.0 s")
+        line = server.wait_for_line(
+            r"serving -> accepting: SIGTERM .*SIGKILL expected in ([\d.]+) s \(grace period 1 s\)"
+        )
+        # Counted from the signal: the log line comes later on a loaded machine (CI: 0.7).
+        assert 0 < float(line.group(1)) <= 1.0, line.string
         assert server.wait_exit() == 0
         assert server.has_line(r"stopping -> stopped")
     finally:

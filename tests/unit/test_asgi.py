@@ -171,7 +171,35 @@ def test_drain_signal_is_shared_and_typed() -> None:
     c = ShutdownCoordinator()
     signal = DrainSignal(c)
     assert drain_signal({"extensions": {"graceful": signal}}) is signal
+    assert drain_signal({"state": {"graceful": signal}}) is signal  # the lifespan state
+    assert drain_signal({"state": {"graceful": "an app's own"}, "extensions": None}) is None
     assert signal.time_left_s() is None
+
+
+async def test_lifespan_state_carries_the_drain_signal() -> None:
+    """The middleware puts its DrainSignal in the lifespan state, which servers copy
+    into every request's scope (graceful's uvicorn server reads nothing else on its hot
+    path); an app's own state keys are kept."""
+    c = ShutdownCoordinator()
+    seen: dict[str, Any] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.update(scope["state"])
+        await receive()
+        await send({"type": "lifespan.startup.complete"})
+
+    wrapped = GracefulMiddleware(app, coordinator=c)
+    state: dict[str, Any] = {"db": "the app's"}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    await wrapped({"type": "lifespan", "state": state}, receive, send)
+    assert state == seen == {"db": "the app's", "graceful": wrapped.drain_signal}
+    assert drain_signal({"type": "http", "state": dict(state)}) is wrapped.drain_signal
 
 
 async def test_metrics_path_serves_the_coordinators_metrics_uncounted() -> None:
