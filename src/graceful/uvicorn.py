@@ -50,7 +50,7 @@ and preStop paths, websockets and lifespan always go to the middleware.  With ``
 which writes no ``Connection: close`` for ``keep_alive = False``, every request takes
 the middleware's path.  No uvicorn method is replaced and no private name of uvicorn's
 is on the request path; the protocol subclasses add no attribute to their instances
-(see ``_tracking_class``).
+(see ``graceful._uvicorn_hot.tracking_class``).
 
 Signals: SIGTERM and SIGINT request shutdown (a second one escalates, a third exits at
 once), SIGQUIT stops at once.  uvicorn re-raises captured signals after shutdown so that
@@ -62,10 +62,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Generator
 from types import FrameType
 from typing import Any
 
@@ -76,7 +75,9 @@ from . import _logging
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
+from ._shape import ServerShape
 from ._signals import QUICK_SIGNALS, catch_signals, teardown_guard
+from ._uvicorn_hot import HotPath, is_httptools, tracking_class
 from .asgi import ASGIApp, GracefulMiddleware
 
 __all__ = ("Server", "run", "serve")
@@ -90,51 +91,6 @@ _CLOSE_HEADER = (b"connection", b"close")
 
 #: The signals this server handles (uvicorn's SIGINT and SIGTERM, plus SIGQUIT).
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, *QUICK_SIGNALS)
-
-
-def _tracking_class(base: type[Any], server: Server, *, counts: bool) -> type[Any]:
-    """A subclass of a uvicorn protocol class that reports to ``server``.
-
-    HTTP protocols (``counts``) count their connection when they are *created* — on
-    uvloop that is the kernel hand-over itself; on asyncio it takes over the count the
-    listening socket's ``accept()`` already made (see ``graceful._listeners``).
-    A websocket upgrade hands the transport from the HTTP protocol to a websocket
-    protocol without calling the HTTP protocol's ``connection_lost``, so connections
-    are closed per transport: whichever protocol holds it last reports the close.
-
-    The subclass adds no instance attribute: uvicorn's httptools protocol has 28, and
-    from 30 on CPython 3.11 no longer keeps an instance's attributes in the shared-key
-    layout its attribute caches specialise on — every ``self.…`` in uvicorn's
-    per-request code would get slower (two more made about 1,800 instructions per
-    request, measured with ``benchmarks/server_instructions.py``).
-    """
-    base = getattr(base, "_graceful_base", base)
-
-    class Tracking(base):  # type: ignore[misc]
-        _graceful_base = base
-
-        _graceful_counted = counts  # every instance was counted when it was created
-
-        if counts:
-
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                server._handovers.protocol_created()
-                super().__init__(*args, **kwargs)
-
-        def connection_made(self, transport: asyncio.BaseTransport, *args: Any) -> None:
-            server._transport_made(self, transport)
-            super().connection_made(transport, *args)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            transport = server._transport_of(self)
-            try:
-                super().connection_lost(exc)
-            finally:
-                if transport is not None:
-                    server._transport_closed(transport)
-
-    Tracking.__name__ = Tracking.__qualname__ = f"Graceful{base.__name__}"
-    return Tracking
 
 
 class _CutRequestFilter(logging.Filter):
@@ -156,14 +112,6 @@ class _CutRequestFilter(logging.Filter):
             and isinstance(exc, asyncio.CancelledError)
             and record.getMessage().startswith("Exception in ASGI application")
         )
-
-
-def _is_httptools(protocol_class: type[Any]) -> bool:
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # httptools is not installed
-        return False
-    return issubclass(protocol_class, HttpToolsProtocol)
 
 
 @final
@@ -207,13 +155,10 @@ class Server(uvicorn.Server):
         self._transports: set[asyncio.BaseTransport] = set()
         self._handovers = Handovers(self.coordinator)
         self._http_class: type[Any] | None = None
-        self._listening = True
-        self._closing: asyncio.Future[Any] | None = None
         self._signals_captured = False
-        self._hot: _HotPath | None = None
-        self._adopted: list[Any] = []  # the hot path's cycles running at adoption
-        self._nudged = False
-        self.coordinator.subscribe(self._on_phase)
+        self._hot: HotPath | None = None
+        self._shape = _Shape(self)
+        self.coordinator.subscribe(self._shape.on_phase)
 
     # -------------------------------------------------------------- setting up
 
@@ -227,14 +172,14 @@ class Server(uvicorn.Server):
             )
             config.loaded_app = middleware
             c = self.coordinator
-            if _is_httptools(config.http_protocol_class) and not c.shutdown_requested:
-                self._hot = _HotPath(middleware, self.server_state.tasks)
+            if is_httptools(config.http_protocol_class) and not c.shutdown_requested:
+                self._hot = HotPath(middleware, self.server_state.tasks)
                 config.loaded_app = self._hot.app
                 c.add_request_source(self._hot.requests)
-        self._http_class = _tracking_class(config.http_protocol_class, self, counts=True)
+        self._http_class = tracking_class(config.http_protocol_class, self, counts=True)
         config.http_protocol_class = self._http_class
         if config.ws_protocol_class is not None:
-            config.ws_protocol_class = _tracking_class(config.ws_protocol_class, self, counts=False)
+            config.ws_protocol_class = tracking_class(config.ws_protocol_class, self, counts=False)
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
         """Serve until the coordinator stops (see ``uvicorn.Server.serve``).
@@ -249,7 +194,7 @@ class Server(uvicorn.Server):
         # capture_signals.
         with self.capture_signals():
             self._prepare()
-            self.coordinator.add_stopping_step(self._finish)
+            self.coordinator.add_stopping_step(self._shape.finish)
             # Signals reach the coordinator through this server, so give it a trigger
             # that never fires: it must not install handlers of its own.
             task = asyncio.ensure_future(self.coordinator.run(shutdown_trigger=_never))
@@ -278,9 +223,8 @@ class Server(uvicorn.Server):
             self.lifespan.state["graceful"] = self._hot.middleware.drain_signal
         for server in getattr(self, "servers", []):
             count_accepts(server, self._handovers)
-        if not self._listening:  # draining began before the listener existed
-            self._listening = True
-            self._stop_listening()
+        if not self._shape.listening:  # draining began before the listener existed
+            self._shape.close_listeners()
 
     # ----------------------------------------------------------------- signals
 
@@ -356,99 +300,6 @@ class Server(uvicorn.Server):
         if connection in self.server_state.connections and self._is_http(connection):
             connection.shutdown()
 
-    def _on_phase(self, phase: Phase) -> None:
-        hot = self._hot
-        if hot is not None and hot.on:
-            hot.adopt(self.coordinator)
-            # Their responses, for the 503 of a cut (uvicorn's cycles: the ASGI scope and
-            # send of each connection's current request).
-            self._adopted = [
-                cycle
-                for cycle in self._cycles()
-                if not cycle.response_complete
-                and cycle.scope["path"] not in hot.middleware.health_endpoints
-            ]
-        if hot is not None and self.coordinator.nudging and not self._nudged:
-            self._nudged = True
-            self._nudge_in_flight()
-        if phase >= Phase.DRAINING:
-            self._stop_listening()
-            if phase is Phase.DRAINING and self._loop is not None:
-                # Busy connections close after their response (Connection: close);
-                # connections with no request in progress get idle_grace_s to send one,
-                # then close.  Websockets are left to the middleware (1001 after a grace).
-                connection: Any
-                for connection in list(self.server_state.connections):
-                    if not self._is_http(connection):
-                        continue
-                    if getattr(connection, "cycle", None) is not None and not getattr(
-                        connection.cycle, "response_complete", True
-                    ):
-                        connection.shutdown()
-                    else:
-                        self._loop.call_later(
-                            self.idle_grace_s, self._shutdown_connection, connection
-                        )
-        if phase >= Phase.STOPPING:
-            self.should_exit = True
-            if self._wake is not None and not self._wake.done():
-                self._wake.set_result(None)
-
-    def _nudge_in_flight(self) -> None:
-        """Nudging began: requests whose response has not started close their
-        connection after it, with ``Connection: close``.
-
-        uvicorn 0.53+ writes the header for ``keep_alive = False``; before, its httptools
-        cycle writes it only when the *request* carried it, so there the header joins the
-        request's header list too (a hop-by-hop header, meant for this connection).
-        """
-        for cycle in self._cycles():
-            if not cycle.response_started:
-                cycle.keep_alive = False
-                if not _KEEP_ALIVE_WRITES_CLOSE:
-                    headers = cycle.scope["headers"]
-                    if _CLOSE_HEADER not in headers:
-                        headers.append(_CLOSE_HEADER)
-
-    def _cycles(self) -> list[Any]:
-        """The request cycle (scope, send, response state) of every HTTP connection."""
-        connection: Any
-        cycles = []
-        for connection in self.server_state.connections:
-            cycle = getattr(connection, "cycle", None) if self._is_http(connection) else None
-            if cycle is not None:
-                cycles.append(cycle)
-        return cycles
-
-    async def _answer_adopted_cut(self, timeout_s: float) -> None:
-        """Before the cut: a request adopted from the hot path has no middleware around
-        it to answer 503, so the server sends it (as the middleware would) when its
-        response has not started; the app's task is cancelled right after (a handler
-        that ignores the cancellation has its answer all the same)."""
-        if self._hot is None:
-            return
-        cut = self._hot.middleware.cut
-        cycles = [
-            cycle
-            for cycle in self._adopted
-            if not cycle.response_started and not cycle.disconnected
-        ]
-        if cycles:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*(cut(cycle.scope, cycle.send) for cycle in cycles)),
-                    max(0.001, timeout_s),
-                )
-
-    def _stop_listening(self) -> None:
-        if not self._listening or self._loop is None:
-            return
-        self._listening = False
-        servers, self.servers = list(getattr(self, "servers", [])), []
-        self._closing = close_keeping_backlog(
-            servers, self._protocol_factory, self._loop, self._handovers, ssl=self.config.ssl
-        )
-
     def _protocol_factory(self) -> asyncio.Protocol:
         cls: Any = self.config.http_protocol_class  # uvicorn types it as asyncio.Protocol
         protocol: asyncio.Protocol = cls(
@@ -488,7 +339,8 @@ class Server(uvicorn.Server):
         """Wait for the coordinator to stop, keeping uvicorn's housekeeping going.
 
         The cut of what is left and lifespan shutdown run as the coordinator's first
-        stopping step (``_finish``), so they share stopping's budget.
+        stopping step (``graceful._shape.ServerShape.finish``), so they share stopping's
+        budget.
         """
         c = self.coordinator
         # uvicorn's on_tick logs "Maximum request limit exceeded" at every tick once it is
@@ -500,140 +352,128 @@ class Server(uvicorn.Server):
             c.request_shutdown("server exit", drain_now=True)
         await self._tick_until(Phase.STOPPED)
 
-    async def _finish(self) -> None:
-        """Stopping: let websockets close with 1001, cut requests, run lifespan shutdown.
-
-        Each part gets a share of what is left of stopping's budget, so lifespan
-        shutdown always gets its turn.
-        """
-        c = self.coordinator
-        d = c.deadlines
-        exit_by = None if d is None else d.exit_by
-        self._stop_listening()
-        if self._closing is not None:
-            await asyncio.wait((self._closing,), timeout=c.time_left_s(exit_by, at_most_s=0.5))
-        # Sessions were told to end when stopping began; their 1001 goes out first
-        # (uvicorn's own websocket shutdown would send 1012).
-        left = c.time_left_s(exit_by, at_most_s=1.0)
-        await c.wait_drained(
-            include_connections=False,
-            include_requests=False,
-            until_stopping=False,
-            timeout_s=left / 3,
-        )
-        tasks = [t for t in self.server_state.tasks if not t.done()]
-        if tasks:
-            logger.warning("cutting %d request(s) still running", len(tasks))
-            await self._answer_adopted_cut(c.time_left_s(exit_by, at_most_s=1.0) / 2)
-            for task in tasks:
-                task.cancel(msg="graceful: stopping")
-            left = c.time_left_s(exit_by, at_most_s=1.0)
-            await asyncio.wait(tasks, timeout=left / 2)
-        for connection in list(self.server_state.connections):
-            connection.shutdown()
-        for transport in list(self._transports):
-            transport.close()
-        if not self.force_exit:
-            # Just short of exit_by, so that its own timeout is the one that reports.
-            left = max(0.0, c.time_left_s(exit_by) - 0.05)
-            try:
-                await asyncio.wait_for(self.lifespan.shutdown(), left)
-            except asyncio.TimeoutError:
-                logger.error("lifespan shutdown did not finish within %.3g s; abandoned", left)
-
 
 @final
-class _HotPath:
-    """The hot path (see "The hot path" in the module docs): the app uvicorn calls.
+class _Shape(ServerShape):
+    """The phases and stopping for uvicorn (``graceful._shape``): the server's
+    listeners, connections (uvicorn's protocols, their request cycles) and tasks."""
 
-    ``app`` is a plain function that returns the coroutine of the app it picks, so the
-    hot path adds no coroutine of its own to a request: per request it tests one flag,
-    the scope's type and path, and counts one integer (the ``DrainSignal`` is in the
-    lifespan state, which uvicorn copies into every request's scope).  uvicorn's own
-    task set (``server_state.tasks``) holds the requests in flight: a request's task
-    awaits the coroutine the dispatcher returned, so those that do not await the
-    middleware's are the hot path's (``running``; the task asking, a scrape or a
-    shutdown request, is running rather than awaiting: its call stack tells).  ``adopt`` (the first phase change)
-    turns the hot path off for good: the requests still running are reported to the
-    coordinator, each until its task ends, and later ones go to the middleware.
-    """
+    def __init__(self, server: Server) -> None:
+        super().__init__(server.coordinator, idle_grace_s=server.idle_grace_s)
+        self.server = server
+        self.adopted: list[Any] = []  # the hot path's cycles running at adoption
+        self.closing: asyncio.Future[Any] | None = None
 
-    __slots__ = ("app", "middleware", "on", "started", "tasks")
+    def cycles(self) -> list[Any]:
+        """The request cycle (scope, send, response state) of every HTTP connection."""
+        server = self.server
+        connection: Any
+        cycles = []
+        for connection in server.server_state.connections:
+            cycle = getattr(connection, "cycle", None) if server._is_http(connection) else None
+            if cycle is not None:
+                cycles.append(cycle)
+        return cycles
 
-    def __init__(self, middleware: GracefulMiddleware, tasks: set[asyncio.Task[Any]]) -> None:
-        self.middleware = middleware
-        self.tasks = tasks  # uvicorn's server_state.tasks
-        self.on = True  # until the first phase change
-        self.started = 0  # requests it started (less those adopted)
-        self.app: ASGIApp = self._dispatcher(middleware)
+    def shutdown_requested(self) -> None:
+        hot = self.server._hot
+        if hot is None:
+            return
+        hot.adopt(self.coordinator)
+        # Their responses, for the 503 of a cut (uvicorn's cycles: the ASGI scope and
+        # send of each connection's current request).
+        special = hot.middleware.health_endpoints
+        self.adopted = [
+            cycle
+            for cycle in self.cycles()
+            if not cycle.response_complete and cycle.scope["path"] not in special
+        ]
 
-    def running(self) -> list[asyncio.Task[Any]]:
-        """The tasks of the hot path's requests still running."""
-        middleware_code = type(self.middleware).__call__.__code__
-        current = asyncio.current_task()
-        found: list[asyncio.Task[Any]] = []
-        for task in self.tasks:
-            if task.done():
+    def nudge(self) -> None:
+        """Requests adopted from the hot path whose response has not started close
+        their connection after it, with ``Connection: close`` (the middleware nudges
+        its own).
+
+        uvicorn 0.53+ writes the header for ``keep_alive = False``; before, its httptools
+        cycle writes it only when the *request* carried it, so there the header joins the
+        request's header list too (a hop-by-hop header, meant for this connection).
+        """
+        if self.server._hot is None:
+            return
+        for cycle in self.cycles():
+            if not cycle.response_started:
+                cycle.keep_alive = False
+                if not _KEEP_ALIVE_WRITES_CLOSE:
+                    headers = cycle.scope["headers"]
+                    if _CLOSE_HEADER not in headers:
+                        headers.append(_CLOSE_HEADER)
+
+    def close_listeners(self) -> None:
+        server, loop = self.server, self.server._loop
+        if loop is None:
+            return
+        listeners, server.servers = list(getattr(server, "servers", [])), []
+        self.closing = close_keeping_backlog(
+            listeners, server._protocol_factory, loop, server._handovers, ssl=server.config.ssl
+        )
+
+    async def listeners_closed(self, timeout_s: float) -> None:
+        if self.closing is not None:
+            await asyncio.wait((self.closing,), timeout=timeout_s)
+
+    def close_idle(self, grace_s: float) -> None:
+        """Busy connections close after their response (Connection: close); those with
+        no request in progress get ``grace_s`` to send one.  Websockets are left to the
+        middleware (1001 after a grace)."""
+        server, loop = self.server, self.server._loop
+        if loop is None:
+            return
+        connection: Any
+        for connection in list(server.server_state.connections):
+            if not server._is_http(connection):
                 continue
-            if task is current:  # a request asking (a scrape, a shutdown): not suspended
-                if not _called_from(middleware_code):
-                    found.append(task)
-                continue
-            awaited: Any = task.get_coro()
-            codes = []
-            while awaited is not None:  # the chain of coroutines the task awaits
-                codes.append(getattr(awaited, "cr_code", None))
-                awaited = getattr(awaited, "cr_await", None)
-            # Two or more: started (the task's own coroutine awaits an app's).
-            if len(codes) > 1 and middleware_code not in codes:
-                found.append(task)
-        return found
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and not getattr(cycle, "response_complete", True):
+                connection.shutdown()
+            else:
+                loop.call_later(grace_s, server._shutdown_connection, connection)
 
-    def requests(self) -> tuple[int, int]:
-        """The coordinator's request source: ``(in_flight, started)``."""
-        return (len(self.running()) if self.on else 0), self.started
+    def stopping(self) -> None:
+        server = self.server
+        server.should_exit = True
+        if server._wake is not None and not server._wake.done():
+            server._wake.set_result(None)
 
-    def adopt(self, coordinator: ShutdownCoordinator) -> None:
-        """Shutdown was requested: report the requests in flight to the coordinator,
-        each until its task ends; every later request takes the middleware."""
-        running = self.running()
-        self.on = False
-        self.started -= len(running)  # counted by the coordinator from now on
-        for task in running:
-            task.add_done_callback(_finisher(coordinator, coordinator.request_started()))
+    async def cut(self, timeout_s: float) -> None:
+        """Cancel the requests still running; those adopted from the hot path whose
+        response has not started get the middleware's 503 first (no middleware around
+        them would send it; a handler that ignores the cancellation has it all the
+        same)."""
+        tasks = [t for t in self.server.server_state.tasks if not t.done()]
+        if not tasks:
+            return
+        logger.warning("cutting %d request(s) still running", len(tasks))
+        hot = self.server._hot
+        answer = [c for c in self.adopted if not c.response_started and not c.disconnected]
+        if hot is not None and answer:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(hot.middleware.cut(c.scope, c.send) for c in answer)),
+                    max(0.001, timeout_s / 2),
+                )
+        for task in tasks:
+            task.cancel(msg="graceful: stopping")
+        await asyncio.wait(tasks, timeout=timeout_s / 2)
 
-    def _dispatcher(self, middleware: GracefulMiddleware) -> ASGIApp:
-        hot, app, special_paths = self, middleware.app, middleware.health_endpoints
+    def close_connections(self) -> None:
+        for connection in list(self.server.server_state.connections):
+            connection.shutdown()
+        for transport in list(self.server._transports):
+            transport.close()
 
-        def graceful(scope: Any, receive: Any, send: Any) -> Awaitable[None]:
-            if hot.on and scope["type"] == "http" and scope["path"] not in special_paths:
-                hot.started += 1
-                return app(scope, receive, send)
-            return middleware(scope, receive, send)
-
-        return graceful
-
-
-def _called_from(code: Any) -> bool:
-    """Whether a frame of ``code`` is on the current call stack (a running coroutine's
-    frames link to the ones that resumed it)."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _finisher(
-    coordinator: ShutdownCoordinator, sampled: float | None
-) -> Callable[[asyncio.Task[Any]], None]:
-    """A done callback that reports the end of an adopted request."""
-
-    def finished(task: asyncio.Task[Any]) -> None:
-        coordinator.request_finished(sampled)
-
-    return finished
+    async def lifespan_shutdown(self) -> None:
+        if not self.server.force_exit:
+            await self.server.lifespan.shutdown()
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
