@@ -46,8 +46,10 @@ LIFESPAN_MARGIN_S = 0.05
 class ServerShape:
     """A server adapter: the hooks it fills in, the phases and stopping it gets.
 
-    Call ``attach`` once the server listens (or is about to): from then on the phases
-    reach the hooks and ``finish`` is the coordinator's first stopping step.
+    Call ``attach`` (or subscribe ``on_phase`` and add ``finish`` as a stopping step)
+    before the server starts: from then on the phases reach the hooks and ``finish`` is
+    the coordinator's first stopping step.  Call ``listeners_opened`` once the server
+    listens.
 
     Args:
         coordinator: The coordinator the server follows.
@@ -58,7 +60,7 @@ class ServerShape:
     def __init__(self, coordinator: ShutdownCoordinator, *, idle_grace_s: float) -> None:
         self.coordinator = coordinator
         self.idle_grace_s = idle_grace_s
-        self._listening = True
+        self._listening = False
         self._shutdown_seen = False
         self._nudged = False
 
@@ -108,6 +110,13 @@ class ServerShape:
     def listening(self) -> bool:
         """Whether the listeners are still open."""
         return self._listening
+
+    def listeners_opened(self) -> None:
+        """The server listens now; if draining began meanwhile (a signal during the
+        app's start-up), the listeners close at once."""
+        self._listening = True
+        if self.coordinator.draining:
+            self.stop_listening()
 
     def stop_listening(self) -> None:
         """Close the listeners, once (at draining, or earlier for a server's own

@@ -151,6 +151,7 @@ from . import _logging
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_seconds
+from ._shape import ServerShape
 from ._signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred, teardown_guard
 from .asgi import GracefulMiddleware
 
@@ -288,8 +289,9 @@ class _TCPServer(Protocol):
 # ------------------------------------------------------------------- the worker
 
 
-class _Worker:
-    """The backend-neutral part: phases, idle connections, GOAWAY, stopping.
+class _Worker(ServerShape):
+    """The backend-neutral part: the server shape (``graceful._shape``) filled in for
+    hypercorn's connections — idle ones, HTTP/2 GOAWAY, hypercorn's own shutdown.
 
     Subclasses provide the listeners, the connection tasks and lifespan for asyncio
     (and uvloop) or trio.
@@ -306,18 +308,15 @@ class _Worker:
         quick_signals: tuple[int, ...],
         idle_grace_s: float,
     ) -> None:
+        super().__init__(coordinator, idle_grace_s=idle_grace_s)
         self._app = app
         self._config = config
         self._c = coordinator
         self._sockets = sockets
         self._trigger = shutdown_trigger
         self._quick_signals = quick_signals
-        self._idle_grace_s = idle_grace_s
         self._connections: set[_Connection] = set()
         self._lifespan_state: dict[str, Any] = {}
-        self._listening = False
-        self._shutdown_seen = False
-        self._nudged = False
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = False
 
@@ -326,17 +325,8 @@ class _Worker:
     async def _start_lifespan(self) -> None:
         raise NotImplementedError
 
-    async def _lifespan_shutdown(self) -> None:
-        raise NotImplementedError
-
     async def _listen(self, sockets: Sockets) -> None:
         raise NotImplementedError
-
-    def _close_listeners(self) -> None:
-        raise NotImplementedError
-
-    async def _listeners_closed(self, timeout_s: float) -> None:
-        """Wait (bounded) until the backlog accepted at the close is handed over."""
 
     async def _cut(self, timeout_s: float) -> None:
         raise NotImplementedError
@@ -355,9 +345,9 @@ class _Worker:
             if sockets.quic_sockets:
                 logger.warning("graceful.hypercorn does not serve HTTP/3: QUIC sockets ignored")
             await self._listen(sockets)
-            self._listening = True
-            unsubscribe = self._c.subscribe(self._on_phase)
-            self._c.add_stopping_step(self._finish)
+            unsubscribe = self._c.subscribe(self.on_phase)
+            self._c.add_stopping_step(self.finish)
+            self.listeners_opened()
             try:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
@@ -531,7 +521,7 @@ class _Worker:
     async def _close_when_idle(self, conn: _Connection) -> None:
         try:
             while conn in self._connections and not conn.closing and conn.idle():
-                left = conn.idle_since + self._idle_grace_s - self._now()
+                left = conn.idle_since + self.idle_grace_s - self._now()
                 if left <= 0:
                     proto = conn.h2()
                     if proto is not None and not conn.goaway_closed:
@@ -550,74 +540,46 @@ class _Worker:
         with contextlib.suppress(Exception):  # already closed by the peer
             await conn.server.graceful_close()
 
-    # ------------------------------------------------------------------ phases
+    # ---------------------------------------------- the shape, for hypercorn
 
-    def _on_phase(self, phase: Phase) -> None:
-        c = self._c
-        if not self._shutdown_seen:
-            self._shutdown_seen = True
-            for conn in self._connections:  # new streams from here on are activity
-                proto = conn.h2()
-                if proto is not None:
-                    conn.seen_stream = proto.connection.highest_inbound_stream_id
-        first_nudge = c.nudging and not self._nudged
-        if first_nudge:
-            self._nudged = True
-            for conn in self._connections:
-                conn.before_nudge = True
-        if phase >= Phase.DRAINING:
-            self._stop_listening()
+    def shutdown_requested(self) -> None:
+        for conn in self._connections:  # new streams from here on are activity
+            proto = conn.h2()
+            if proto is not None:
+                conn.seen_stream = proto.connection.highest_inbound_stream_id
+
+    def nudge(self) -> None:
+        """HTTP/2 connections get GOAWAY once idle (HTTP/1.1 responses are nudged by
+        the middleware); at draining ``close_idle`` sees to them instead."""
+        for conn in self._connections:
+            conn.before_nudge = True
         tg = self._tg
-        if tg is None or phase >= Phase.STOPPING:
+        if tg is None or self._c.draining:
             return
-        if phase is Phase.DRAINING:
-            now = self._now()
-            for conn in list(self._connections):
-                if conn.idle():
-                    conn.idle_since = max(conn.idle_since, now)
-                    tg.start_soon(self._drain_idle, conn)
-        elif first_nudge:
-            for conn in list(self._connections):
-                proto = conn.h2()
-                if proto is not None and conn.idle():
-                    tg.start_soon(self._goaway_when_flushed, conn, proto)
+        for conn in list(self._connections):
+            proto = conn.h2()
+            if proto is not None and conn.idle():
+                tg.start_soon(self._goaway_when_flushed, conn, proto)
 
-    def _stop_listening(self) -> None:
-        if self._listening:
-            self._listening = False
-            self._close_listeners()
+    def close_idle(self, grace_s: float) -> None:
+        tg = self._tg
+        if tg is None:
+            return
+        now = self._now()
+        for conn in list(self._connections):
+            if conn.idle():
+                conn.idle_since = max(conn.idle_since, now)
+                tg.start_soon(self._drain_idle, conn)
 
-    async def _finish(self) -> None:
-        """Stopping: websockets close with 1001, what is left is cut, lifespan shutdown.
-
-        Each part gets a share of what is left of stopping's budget, so lifespan
-        shutdown always gets its turn.
-        """
-        c = self._c
-        d = c.deadlines
-        exit_by = None if d is None else d.exit_by
-        self._stop_listening()
-        await self._listeners_closed(c.time_left_s(exit_by, at_most_s=0.5))
-        # Sessions were told to end when stopping began; their 1001 goes out first.
-        left = c.time_left_s(exit_by, at_most_s=1.0)
-        await c.wait_drained(
-            include_connections=False,
-            include_requests=False,
-            until_stopping=False,
-            timeout_s=left / 3,
-        )
-        # hypercorn's own shutdown semantics from here: idle connections close at once,
-        # HTTP/1.1 connections are not recycled, new HTTP/2 streams are refused.
+    async def cut(self, timeout_s: float) -> None:
+        """hypercorn's own shutdown semantics from here — idle connections close at
+        once, HTTP/1.1 connections are not recycled, new HTTP/2 streams are refused —
+        then what still runs is cut."""
         await self._context.terminated.set()
         busy = sum(conn.busy and not conn.closing for conn in self._connections)
         if busy:
             logger.warning("cutting %d busy connection(s)", busy)
-        left = c.time_left_s(exit_by, at_most_s=1.0)
-        await self._cut(left / 2)
-        with anyio.move_on_after(c.time_left_s(exit_by)) as scope:
-            await self._lifespan_shutdown()
-        if scope.cancelled_caught:
-            logger.warning("lifespan shutdown did not finish before the deadline")
+        await self._cut(timeout_s)
 
 
 # ------------------------------------------------------------------- asyncio
@@ -713,7 +675,7 @@ class _AsyncioWorker(_Worker):
             if exception is not None:
                 raise exception
 
-    async def _lifespan_shutdown(self) -> None:
+    async def lifespan_shutdown(self) -> None:
         await self._lifespan.wait_for_shutdown()
 
     async def _listen(self, sockets: Sockets) -> None:
@@ -779,7 +741,7 @@ class _AsyncioWorker(_Worker):
             self._closed(conn)
             closer.close()
 
-    def _close_listeners(self) -> None:
+    def close_listeners(self) -> None:
         closing = [
             close_keeping_backlog(
                 self._servers, self._protocol_factory, self._loop, self._handovers
@@ -797,7 +759,7 @@ class _AsyncioWorker(_Worker):
             )
         self._closing = asyncio.gather(*closing)
 
-    async def _listeners_closed(self, timeout_s: float) -> None:
+    async def listeners_closed(self, timeout_s: float) -> None:
         if self._closing is not None and timeout_s > 0:
             await asyncio.wait((self._closing,), timeout=timeout_s)
 
@@ -902,7 +864,7 @@ class _TrioWorker(_Worker):
         await self._root_nursery().start(self._lifespan.handle_lifespan)
         await self._lifespan.wait_for_startup()
 
-    async def _lifespan_shutdown(self) -> None:
+    async def lifespan_shutdown(self) -> None:
         await self._lifespan.wait_for_shutdown()
 
     async def _listen(self, sockets: Sockets) -> None:
@@ -994,7 +956,7 @@ class _TrioWorker(_Worker):
             self._closed(conn)
             closer.close()
 
-    def _close_listeners(self) -> None:
+    def close_listeners(self) -> None:
         trio = self._trio
         self._accepting.cancel()
         for sock, secure in self._listen_sockets:

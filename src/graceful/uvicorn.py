@@ -223,8 +223,7 @@ class Server(uvicorn.Server):
             self.lifespan.state["graceful"] = self._hot.middleware.drain_signal
         for server in getattr(self, "servers", []):
             count_accepts(server, self._handovers)
-        if not self._shape.listening:  # draining began before the listener existed
-            self._shape.close_listeners()
+        self._shape.listeners_opened()  # closes them if draining began meanwhile
 
     # ----------------------------------------------------------------- signals
 
