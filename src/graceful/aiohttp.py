@@ -93,6 +93,7 @@ from . import _logging
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, Policy, _check_readiness_on_shutdown, _check_seconds
+from ._shape import ServerShape
 from ._signals import (
     teardown_guard,
 )
@@ -629,14 +630,14 @@ class AppRunner(web.AppRunner):
         self._open: set[RequestHandler] = set()
         self._adopted: dict[web.BaseSite, asyncio.AbstractServer] = {}
         self._tls: dict[web.BaseSite, Any] = {}  # TLS sites and their SSL contexts
-        self._listening = True
         self._closing: asyncio.Future[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shutdown_started = False
         self._cleaned_up = False
-        coordinator.subscribe(self._on_phase)
+        self._shape = _Shape(self)
+        self._shape.attach()
+        self._shape.listeners_opened()  # sites listen once started: adopt_sites
         coordinator.add_hook(self._on_shutdown, phase=Phase.DRAINING)
-        coordinator.add_stopping_step(self._stop)
         coordinator.add_stopping_step(self._cleanup_app)
 
     # -------------------------------------------------------------- setting up
@@ -662,7 +663,7 @@ class AppRunner(web.AppRunner):
             if ssl_context is not None:
                 self._tls[site] = ssl_context
             count_accepts(server, self._handovers)
-            if not self._listening:
+            if not self._shape.listening:
                 late.append((server, ssl_context))
         if late:
             self._close_listeners(late)
@@ -693,20 +694,6 @@ class AppRunner(web.AppRunner):
             self._loop.call_later(_RECHECK_S, self._close_if_idle, handler)
 
     # -------------------------------------------------------------- the phases
-
-    def _on_phase(self, phase: Phase) -> None:
-        self.adopt_sites()
-        if phase >= Phase.DRAINING:
-            self._stop_listening()
-            if phase is Phase.DRAINING and self._loop is not None:
-                for handler in list(self._open):
-                    self._loop.call_later(self.idle_grace_s, self._close_if_idle, handler)
-
-    def _stop_listening(self) -> None:
-        if not self._listening or self._loop is None:
-            return
-        self._listening = False
-        self._close_listeners([(s, self._tls.get(site)) for site, s in self._adopted.items()])
 
     def _close_listeners(self, listeners: list[tuple[asyncio.AbstractServer, Any]]) -> None:
         """Close each ``(listener, ssl_context)``, serving its backlog (with TLS if it
@@ -741,41 +728,62 @@ class AppRunner(web.AppRunner):
             self._cleaned_up = True
             await super()._cleanup_server()
 
-    async def _stop(self) -> None:
-        """Stopping: close listeners, let ``on_shutdown`` and websockets' 1001 have a
-        share of stopping's budget, cut what still runs, close every connection."""
-        c = self.coordinator
-        d = c.deadlines
-        exit_by = None if d is None else d.exit_by
-        self.adopt_sites()
-        self._stop_listening()
-        if self._closing is not None and not self._closing.done():
-            await asyncio.wait((self._closing,), timeout=c.time_left_s(exit_by, at_most_s=0.5))
-        if not self._shutdown_started and self.server is not None:
-            limit = c.time_left_s(exit_by, at_most_s=c.hook_timeout_s) / 3
-            with anyio.move_on_after(limit) as scope:
-                try:
-                    await self._on_shutdown()
-                except Exception:
-                    logger.exception("on_shutdown failed")
-            if scope.cancelled_caught:
-                logger.error("on_shutdown timed out after %.3g s, abandoned", limit)
-        # Sessions were told to end when stopping began; their 1001 goes out first.
-        left = c.time_left_s(exit_by, at_most_s=1.0)
-        await c.wait_drained(
-            include_connections=False,
-            include_requests=False,
-            until_stopping=False,
-            timeout_s=left / 3,
-        )
-        await self.middleware.cut(timeout_s=c.time_left_s(exit_by, at_most_s=1.0) / 2)
-        for handler in list(self._open):
-            handler.force_close()
-
     async def _cleanup_app(self) -> None:
         """``on_cleanup``, the last stopping step."""
         if self.server is not None:
             await self._cleanup_server()
+
+
+@final
+class _Shape(ServerShape):
+    """The phases and stopping for aiohttp (``graceful._shape``): the runner's adopted
+    sites, its connections (aiohttp's request handlers), ``on_shutdown`` and the
+    middleware's cut.  ``on_cleanup`` is a stopping step of its own, the last."""
+
+    def __init__(self, runner: AppRunner) -> None:
+        super().__init__(runner.coordinator, idle_grace_s=runner.idle_grace_s)
+        self.runner = runner
+
+    def on_phase(self, phase: Phase) -> None:
+        self.runner.adopt_sites()  # sites started since the last phase change
+        super().on_phase(phase)
+
+    def close_listeners(self) -> None:
+        runner = self.runner
+        runner._close_listeners([(s, runner._tls.get(site)) for site, s in runner._adopted.items()])
+
+    async def listeners_closed(self, timeout_s: float) -> None:
+        closing = self.runner._closing
+        if closing is not None and not closing.done():
+            await asyncio.wait((closing,), timeout=timeout_s)
+
+    def close_idle(self, grace_s: float) -> None:
+        runner, loop = self.runner, self.runner._loop
+        if loop is not None:
+            for handler in list(runner._open):
+                loop.call_later(grace_s, runner._close_if_idle, handler)
+
+    async def before_cut(self, exit_by: float | None) -> None:
+        """``on_shutdown``, if draining was skipped (its hook did not run), with a third
+        of the hooks' budget: websockets and streams are closed there."""
+        runner, c = self.runner, self.coordinator
+        if runner._shutdown_started or runner.server is None:
+            return
+        limit = c.time_left_s(exit_by, at_most_s=c.hook_timeout_s) / 3
+        with anyio.move_on_after(limit) as scope:
+            try:
+                await runner._on_shutdown()
+            except Exception:
+                logger.exception("on_shutdown failed")
+        if scope.cancelled_caught:
+            logger.error("on_shutdown timed out after %.3g s, abandoned", limit)
+
+    async def cut(self, timeout_s: float) -> None:
+        await self.runner.middleware.cut(timeout_s=timeout_s)
+
+    def close_connections(self) -> None:
+        for handler in list(self.runner._open):
+            handler.force_close()
 
 
 # ------------------------------------------------------------------- run_app
