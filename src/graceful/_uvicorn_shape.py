@@ -1,5 +1,6 @@
-"""graceful's uvicorn server's hot path and protocol classes (see ``graceful.uvicorn``).
+"""The shape (``graceful._shape``) filled in for uvicorn, and its hot path.
 
+``UvicornShape`` follows the phases with uvicorn's listeners, protocols and tasks.
 ``HotPath`` is the app uvicorn is given: while nothing shuts down it hands each HTTP
 request straight to the application, past the middleware; ``tracking_class`` makes the
 protocol subclasses that count connections.  Neither replaces a method of uvicorn's or
@@ -10,16 +11,31 @@ the server's task set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import uvicorn
 from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
+from ._listeners import close_keeping_backlog
+from ._shape import ServerShape
 from .asgi import ASGIApp, GracefulMiddleware
 
-__all__ = ("HotPath", "is_httptools", "tracking_class")
+if TYPE_CHECKING:
+    from .uvicorn import Server
+
+__all__ = ("HotPath", "UvicornShape", "is_httptools", "tracking_class")
+
+logger = logging.getLogger("graceful")
+
+#: uvicorn's httptools cycle writes ``Connection: close`` for ``keep_alive = False``
+#: from 0.53 on.
+_KEEP_ALIVE_WRITES_CLOSE = tuple(int(p) for p in uvicorn.__version__.split(".")[:2]) >= (0, 53)
+_CLOSE_HEADER = (b"connection", b"close")
 
 
 def tracking_class(base: type[Any], server: Any, *, counts: bool) -> type[Any]:
@@ -168,3 +184,126 @@ def finisher(
         coordinator.request_finished(sampled)
 
     return finished
+
+
+@final
+class UvicornShape(ServerShape):
+    """The phases and stopping for uvicorn (``graceful._shape``): the server's
+    listeners, connections (uvicorn's protocols, their request cycles) and tasks."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(server.coordinator, idle_grace_s=server.idle_grace_s)
+        self.server = server
+        self.adopted: list[Any] = []  # the hot path's cycles running at adoption
+        self.closing: asyncio.Future[Any] | None = None
+
+    def cycles(self) -> list[Any]:
+        """The request cycle (scope, send, response state) of every HTTP connection."""
+        server = self.server
+        connection: Any
+        cycles = []
+        for connection in server.server_state.connections:
+            cycle = getattr(connection, "cycle", None) if server._is_http(connection) else None
+            if cycle is not None:
+                cycles.append(cycle)
+        return cycles
+
+    def shutdown_requested(self) -> None:
+        hot = self.server._hot
+        if hot is None:
+            return
+        hot.adopt(self.coordinator)
+        # Their responses, for the 503 of a cut (uvicorn's cycles: the ASGI scope and
+        # send of each connection's current request).
+        special = hot.middleware.health_endpoints
+        self.adopted = [
+            cycle
+            for cycle in self.cycles()
+            if not cycle.response_complete and cycle.scope["path"] not in special
+        ]
+
+    def nudge(self) -> None:
+        """Requests adopted from the hot path whose response has not started close
+        their connection after it, with ``Connection: close`` (the middleware nudges
+        its own).
+
+        uvicorn 0.53+ writes the header for ``keep_alive = False``; before, its httptools
+        cycle writes it only when the *request* carried it, so there the header joins the
+        request's header list too (a hop-by-hop header, meant for this connection).
+        """
+        if self.server._hot is None:
+            return
+        for cycle in self.cycles():
+            if not cycle.response_started:
+                cycle.keep_alive = False
+                if not _KEEP_ALIVE_WRITES_CLOSE:
+                    headers = cycle.scope["headers"]
+                    if _CLOSE_HEADER not in headers:
+                        headers.append(_CLOSE_HEADER)
+
+    def close_listeners(self) -> None:
+        server, loop = self.server, self.server._loop
+        if loop is None:
+            return
+        listeners, server.servers = list(getattr(server, "servers", [])), []
+        self.closing = close_keeping_backlog(
+            listeners, server._protocol_factory, loop, server._handovers, ssl=server.config.ssl
+        )
+
+    async def listeners_closed(self, timeout_s: float) -> None:
+        if self.closing is not None:
+            await asyncio.wait((self.closing,), timeout=timeout_s)
+
+    def close_idle(self, grace_s: float) -> None:
+        """Busy connections close after their response (Connection: close); those with
+        no request in progress get ``grace_s`` to send one.  Websockets are left to the
+        middleware (1001 after a grace)."""
+        server, loop = self.server, self.server._loop
+        if loop is None:
+            return
+        connection: Any
+        for connection in list(server.server_state.connections):
+            if not server._is_http(connection):
+                continue
+            cycle = getattr(connection, "cycle", None)
+            if cycle is not None and not getattr(cycle, "response_complete", True):
+                connection.shutdown()
+            else:
+                loop.call_later(grace_s, server._shutdown_connection, connection)
+
+    def stopping(self) -> None:
+        server = self.server
+        server.should_exit = True
+        if server._wake is not None and not server._wake.done():
+            server._wake.set_result(None)
+
+    async def cut(self, timeout_s: float) -> None:
+        """Cancel the requests still running; those adopted from the hot path whose
+        response has not started get the middleware's 503 first (no middleware around
+        them would send it; a handler that ignores the cancellation has it all the
+        same)."""
+        tasks = [t for t in self.server.server_state.tasks if not t.done()]
+        if not tasks:
+            return
+        logger.warning("cutting %d request(s) still running", len(tasks))
+        hot = self.server._hot
+        answer = [c for c in self.adopted if not c.response_started and not c.disconnected]
+        if hot is not None and answer:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(hot.middleware.cut(c.scope, c.send) for c in answer)),
+                    max(0.001, timeout_s / 2),
+                )
+        for task in tasks:
+            task.cancel(msg="graceful: stopping")
+        await asyncio.wait(tasks, timeout=timeout_s / 2)
+
+    def close_connections(self) -> None:
+        for connection in list(self.server.server_state.connections):
+            connection.shutdown()
+        for transport in list(self.server._transports):
+            transport.close()
+
+    async def lifespan_shutdown(self) -> None:
+        if not self.server.force_exit:
+            await self.server.lifespan.shutdown()
