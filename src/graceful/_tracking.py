@@ -40,7 +40,7 @@ so the counters notify only while someone waits for it (``_zero_waiters > 0``).
 
 ``Tracking`` is the base class of ``graceful.ShutdownCoordinator``; the
 coordinator's other half (phases, deadlines, the ``run`` task) lives in
-``graceful._coordinator``.
+``graceful._engine``, behind the facade in ``graceful._coordinator``.
 """
 
 from __future__ import annotations

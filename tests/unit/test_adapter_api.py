@@ -26,6 +26,7 @@ PACKAGE = Path(graceful.__file__).parent
 CORE = {
     "__init__.py",
     "_coordinator.py",
+    "_engine.py",
     "_tracking.py",
     "_phases.py",
     "_deadlines.py",
