@@ -48,7 +48,7 @@ def _completion() -> int:
     ``graceful demo``'s options."""
     import click
 
-    from ._run import build_command
+    from ._run_command import build_command
 
     @click.group(name="graceful")
     @click.version_option(message=version_text())

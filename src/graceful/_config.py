@@ -16,7 +16,7 @@ adding an option is adding one entry.
 
 uvicorn's own options (``--reload``, ``--uds``, ``--ssl-*``, …) are not declared here:
 ``graceful run`` takes them from uvicorn's command line definition (see
-``graceful._run``).  An option declared here that uvicorn has too wins over uvicorn's.
+``graceful._run_command``).  An option declared here that uvicorn has too wins over uvicorn's.
 
 Values are checked twice: each on its own by its parser (a wrong type, NaN, a negative or
 absurdly large number, an empty string, an unknown choice), then together by

@@ -35,7 +35,18 @@ CORE = {
     "_policy.py",
 }
 #: Adapters that must exist; any other non-core module found is checked too.
-REQUIRED_ADAPTERS = ("asgi.py", "asyncio.py", "uvicorn.py", "gunicorn.py", "_run.py")
+REQUIRED_ADAPTERS = (
+    "asgi.py",
+    "asyncio.py",
+    "uvicorn.py",
+    "gunicorn.py",
+    "_run.py",
+    "_run_command.py",
+    "_run_servers.py",
+    "_run_address.py",
+    "_run_workers.py",
+    "_run_tasks.py",
+)
 OPTIONAL_ADAPTERS = ("hypercorn.py", "aiohttp.py", "kubernetes.py", "metrics.py")
 
 #: Expressions bound to a coordinator: these names, and any ``<x>.<attribute>`` below.
