@@ -44,10 +44,10 @@ from gunicorn.config import AccessLogFormat
 from gunicorn.workers.base import Worker
 
 from . import _config, _logging
+from ._aiohttp_runner import AppRunner
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 from ._signals import catch_signals, defer_signals
-from .aiohttp import AppRunner
 
 __all__ = ("AiohttpWorker",)
 

@@ -47,7 +47,14 @@ REQUIRED_ADAPTERS = (
     "_run_workers.py",
     "_run_tasks.py",
 )
-OPTIONAL_ADAPTERS = ("hypercorn.py", "aiohttp.py", "kubernetes.py", "metrics.py")
+OPTIONAL_ADAPTERS = (
+    "hypercorn.py",
+    "aiohttp.py",
+    "_aiohttp_middleware.py",
+    "_aiohttp_runner.py",
+    "kubernetes.py",
+    "metrics.py",
+)
 
 #: Expressions bound to a coordinator: these names, and any ``<x>.<attribute>`` below.
 COORDINATOR_NAMES = {"coordinator", "c"}

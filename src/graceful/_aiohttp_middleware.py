@@ -1,0 +1,432 @@
+"""graceful.aiohttp's request side: the middleware, its prepare hook, the health routes.
+
+``setup`` installs them on an application.  ``Middleware`` counts requests and websocket
+sessions, nudges the responses handlers return, closes websockets with 1001 once draining
+began, and answers a request cut at stopping with 503; its ``on_response_prepare`` hook
+nudges the responses a handler prepared itself (streams, file responses,
+``HTTPException``).  The two share what they know of one request (``_RequestState``)
+through a context variable.  The connection side is ``graceful._aiohttp_runner``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import anyio
+from aiohttp import WSCloseCode, hdrs, web
+from typing_extensions import final
+
+from ._coordinator import ShutdownCoordinator
+from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
+from ._tracking import is_probe
+from .asgi import DrainSignal
+
+__all__ = ("DRAIN_SIGNAL_KEY", "Middleware", "drain_signal", "setup")
+
+logger = logging.getLogger("graceful")
+
+#: Where ``setup`` puts the ``graceful.asgi.DrainSignal``:
+#: ``request.config_dict[DRAIN_SIGNAL_KEY]`` (also from sub-applications).
+DRAIN_SIGNAL_KEY: Final = web.AppKey("graceful.drain_signal", DrainSignal)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_CUT_SEND_S: Final = 1.0  # the longest a cut request's 503 may take to send
+_WS_CLOSE_WAIT_S: Final = 1.0  # how long a closing handshake may finish after the handler
+_PREPARE_TRIES: Final = 100  # loop iterations a websocket handshake may take to finish
+
+
+class _RequestState:
+    """What the middleware and the prepare hook share about one request."""
+
+    __slots__ = ("closing", "ready", "started", "websocket")
+
+    def __init__(self, ready: asyncio.Event | None = None) -> None:
+        self.started = False  # the response (headers) went out, or is going out
+        self.websocket: web.WebSocketResponse | None = None
+        self.ready = ready  # websocket requests: set when the handshake is prepared
+        self.closing = False  # the middleware sent the websocket's 1001
+
+
+# The prepare hook runs in the request's task (or a child of it): a context variable finds
+# the request's state however the handler cloned or wrapped the request.
+_STATE: contextvars.ContextVar[_RequestState | None] = contextvars.ContextVar(
+    "graceful_aiohttp_request", default=None
+)
+
+
+def _check_path(name: str, value: str | None) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
+        raise ValueError(f"{name} must be a path starting with '/' or None, got {value!r}")
+    return value
+
+
+def _text(status: int, text: str) -> web.Response:
+    return web.Response(status=status, text=text)
+
+
+@final
+class Middleware:
+    """An aiohttp middleware that reports to and obeys a coordinator.
+
+    Prefer ``setup``, which also installs ``on_response_prepare`` (without it a
+    response the handler prepared itself is not nudged) and the health routes.
+
+    * HTTP requests count as in-flight requests; a returned response gets ``Connection:
+      close`` while the coordinator nudges.
+    * Websocket upgrades count as sessions; once draining began the app has
+      ``websocket_close_grace_s`` to close by itself, then the middleware closes with
+      ``WSCloseCode.GOING_AWAY`` (1001).
+    * ``cut`` (the ``AppRunner`` calls it when stopping) cancels what still runs;
+      a request whose response had not started gets a 503 with ``Connection: close``,
+      sent shielded and bounded, and the cancellation is re-raised.
+
+    Args:
+        coordinator: The process's coordinator.
+        websocket_close_grace_s: How long a websocket may stay open after draining began
+            before it is closed with 1001.
+    """
+
+    __middleware_version__: Final = 1  # aiohttp's marker of a new-style middleware
+
+    def __init__(
+        self,
+        coordinator: ShutdownCoordinator,
+        *,
+        websocket_close_grace_s: float = 1.0,
+        readiness_on_shutdown: str = "fail",
+    ) -> None:
+        if not isinstance(coordinator, ShutdownCoordinator):
+            raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
+        _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
+        #: ``"fail"`` or ``"keep"``: see ``graceful.asgi.GracefulMiddleware``.
+        self.readiness_on_shutdown = _check_readiness_on_shutdown(readiness_on_shutdown)
+        self.coordinator: Final = coordinator
+        self.websocket_close_grace_s = float(websocket_close_grace_s)
+        #: Route handlers that are not counted as requests (the health endpoints).
+        self.uncounted: set[Callable[..., object]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._request_started = coordinator.request_started
+        self._request_finished = coordinator.request_finished
+        self._nudging = coordinator.nudging
+        # Probes are not traffic (graceful._tracking): while accepting, each
+        # connection's first request says whether it counts as activity.
+        coordinator.classify_connections()
+        self._classifying = False
+        coordinator.subscribe(self._on_phase)
+
+    def _on_phase(self, phase: Phase) -> None:
+        self._nudging = self.coordinator.nudging
+        self._classifying = phase is Phase.ACCEPTING
+
+    def _first_request(self, request: web.Request) -> None:
+        probe = request.match_info.handler in self.uncounted or is_probe(
+            request.headers.get(hdrs.USER_AGENT)
+        )
+        transport = request.transport
+        peer = None if transport is None else transport.get_extra_info("peername")
+        key = tuple(peer[:2]) if isinstance(peer, tuple) else None
+        self.coordinator.first_request(key, probe=probe)
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._classifying:
+            self._first_request(request)
+        if self.uncounted and request.match_info.handler in self.uncounted:
+            return await handler(request)
+        if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
+            return await self._websocket(request, handler)
+        c = self.coordinator
+        state = _RequestState()
+        token = _STATE.set(state)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        sampled = self._request_started()
+        try:
+            response = await handler(request)
+            if self._nudging and isinstance(response, web.StreamResponse) and not response.prepared:
+                response.force_close()
+            return response
+        except asyncio.CancelledError:
+            if c.cutting and not _started(request, state):
+                await self._cut(request)
+            raise
+        finally:
+            self._request_finished(sampled)
+            if task is not None:
+                self._tasks.discard(task)
+            _STATE.reset(token)
+
+    async def on_response_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """For ``app.on_response_prepare``: nudge responses prepared by the handler.
+
+        aiohttp computes the ``Connection`` header before this signal runs, so the
+        header is set here as well as the response's keep-alive flag (which makes the
+        server close the connection after the response).
+        """
+        state = _STATE.get()
+        if isinstance(response, web.WebSocketResponse):
+            if state is not None:
+                state.started = True
+                state.websocket = response
+                if state.ready is not None:
+                    state.ready.set()
+            return
+        if state is not None:
+            state.started = True
+        if self._nudging and response.keep_alive:
+            response.force_close()
+            response.headers[hdrs.CONNECTION] = "close"
+
+    async def cut(self, *, timeout_s: float) -> None:
+        """Cancel the requests and sessions still running; wait ``timeout_s`` for them."""
+        tasks = [t for t in self._tasks if not t.done()]
+        if not tasks:
+            return
+        logger.warning("cutting %d request(s) still running", len(tasks))
+        for task in tasks:
+            task.cancel(msg="graceful: stopping")
+        await asyncio.wait(tasks, timeout=max(timeout_s, 0.001))
+
+    async def _cut(self, request: web.Request) -> None:
+        """Answer a request cancelled while stopping with 503 + ``Connection: close``.
+
+        Shielded from the cancellation being delivered, bounded by the time stopping has
+        left; the caller re-raises the cancellation (then aiohttp closes the connection).
+        """
+        c = self.coordinator
+        logger.warning("request %s cut: %s", request.path, c.statistics().reason)
+        d = c.deadlines
+        limit = c.time_left_s(None if d is None else d.exit_by, at_most_s=_CUT_SEND_S)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(limit):
+            try:
+                response = web.Response(
+                    status=503, text="server shutting down\n", headers={"Retry-After": "0"}
+                )
+                response.force_close()
+                await response.prepare(request)
+                await response.write_eof()
+            except Exception:  # the client is gone: nothing to do
+                logger.debug("could not answer the cut request %s", request.path)
+
+    # ----------------------------------------------------------------- websockets
+
+    async def _websocket(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        c = self.coordinator
+        state = _RequestState(ready=asyncio.Event())
+        drain = asyncio.Event()
+        token = _STATE.set(state)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        closer = asyncio.ensure_future(self._close_going_away(request, state, drain))
+        try:
+            with c.track_session(drain.set):
+                try:
+                    return await handler(request)
+                except asyncio.CancelledError:
+                    if c.cutting and not _started(request, state):
+                        await self._cut(request)
+                    raise
+                finally:
+                    if state.closing and not closer.done():
+                        # Our close frame is out: let the closing handshake finish.
+                        await asyncio.wait((closer,), timeout=_WS_CLOSE_WAIT_S)
+        finally:
+            closer.cancel()
+            if task is not None:
+                self._tasks.discard(task)
+            _STATE.reset(token)
+
+    async def _close_going_away(
+        self, request: web.Request, state: _RequestState, drain: asyncio.Event
+    ) -> None:
+        """Once draining began and the grace passed, close the websocket with 1001.
+
+        ``drain`` is set by the session's ``on_drain`` (which may run from a loop
+        callback, so it only signals); the grace is cut short when stopping begins.
+        """
+        c = self.coordinator
+        await drain.wait()
+        await c.wait_for_phase(Phase.STOPPING, timeout_s=self.websocket_close_grace_s)
+        assert state.ready is not None
+        await state.ready.wait()
+        ws = state.websocket
+        assert ws is not None
+        # The prepare hook runs before the handshake's last step (the websocket writer);
+        # closing earlier raises RuntimeError("Call .prepare() first").
+        for _ in range(_PREPARE_TRIES):
+            if ws.closed:
+                return
+            try:
+                state.closing = True
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+                return
+            except RuntimeError:
+                state.closing = False
+                await asyncio.sleep(0)
+            except Exception:  # the connection went away meanwhile
+                logger.debug("could not close websocket %s with 1001", request.path)
+                return
+
+    # --------------------------------------------------------------------- health
+
+    def _respond(self, status: int, text: str) -> web.Response:
+        response = _text(status, text)
+        if self.coordinator.nudging:
+            response.force_close()
+        return response
+
+    async def readiness(self, request: web.Request) -> web.Response:
+        """200 while serving, 503 from the moment shutdown is requested (with
+        ``readiness_on_shutdown="keep"``: from draining on)."""
+        c = self.coordinator
+        if c.shutdown_requested and (self.readiness_on_shutdown == "fail" or not c.accepting):
+            return self._respond(503, f"shutting down ({c.phase})\n")
+        return self._respond(200, "ready\n")
+
+    async def liveness(self, request: web.Request) -> web.Response:
+        """200 until stopped."""
+        c = self.coordinator
+        if c.phase is Phase.STOPPED:
+            return self._respond(503, "stopped\n")
+        return self._respond(200, f"alive ({c.phase})\n")
+
+    async def prestop(self, request: web.Request) -> web.Response:
+        """Request shutdown; answer once the drain is done (or at its deadline)."""
+        c = self.coordinator
+        c.request_shutdown("preStop", escalate=False)
+        # The asking connection stays open, so wait for requests and sessions only.
+        await c.wait_for_phase(Phase.DRAINING)
+        await c.wait_drained(include_connections=False)
+        s = c.statistics()
+        return self._respond(200, f"{s.phase}: {s.requests} requests, {s.sessions} sessions left\n")
+
+
+def _started(request: web.Request, state: _RequestState) -> bool:
+    if state.started:
+        return True
+    try:
+        return request.writer.output_size > 0
+    except (AttributeError, RuntimeError):
+        return False
+
+
+_MIDDLEWARE_KEY: Final = web.AppKey("graceful.middleware", Middleware)
+
+
+def setup(
+    app: web.Application,
+    *,
+    coordinator: ShutdownCoordinator,
+    readiness_path: str | None = "/readyz",
+    liveness_path: str | None = "/livez",
+    prestop_path: str | None = None,
+    websocket_close_grace_s: float = 1.0,
+    metrics_path: str | None = None,
+    readiness_on_shutdown: str = "fail",
+) -> Middleware:
+    """Install graceful's request side on ``app`` (before it starts).
+
+    Adds ``Middleware`` as the outermost middleware (or reuses one already in
+    ``app.middlewares``), its ``on_response_prepare`` hook, the health routes and
+    ``DRAIN_SIGNAL_KEY``.  Calling it again returns the same middleware.
+
+    Args:
+        app: The (root) application.
+        coordinator: The process's coordinator.
+        readiness_path: Readiness route (``None``: none): 200 while serving, 503 once
+            shutdown was requested.
+        liveness_path: Liveness route (``None``: none): 200 until stopped.
+        prestop_path: preStop route (``None``: none, the default — anyone who can reach
+            it can stop the server): requests shutdown and answers once drained, for
+            Kubernetes ``lifecycle.preStop.httpGet``.
+        websocket_close_grace_s: See ``Middleware``.
+        metrics_path: Prometheus metrics route (``None``: none, the default): the
+            coordinator's metrics and everything else in ``prometheus_client``'s
+            registry, see ``graceful.metrics`` (needs ``graceful-drain[metrics]``).
+        readiness_on_shutdown: ``"fail"`` or ``"keep"``: see
+            ``graceful.asgi.GracefulMiddleware``.
+
+    Raises:
+        ValueError: if ``app`` was set up with another coordinator, or for a bad path.
+        RuntimeError: if ``app`` is already frozen (started).
+    """
+    existing = app.get(_MIDDLEWARE_KEY)
+    if existing is not None:
+        if existing.coordinator is not coordinator:
+            raise ValueError("the application was set up with another coordinator")
+        return existing
+    paths = {
+        "readiness_path": _check_path("readiness_path", readiness_path),
+        "liveness_path": _check_path("liveness_path", liveness_path),
+        "prestop_path": _check_path("prestop_path", prestop_path),
+        "metrics_path": _check_path("metrics_path", metrics_path),
+    }
+    used = [p for p in paths.values() if p is not None]
+    if len(used) != len(set(used)):
+        raise ValueError(f"health paths must differ, got {paths!r}")
+    if app.frozen:
+        raise RuntimeError("graceful.aiohttp.setup() must run before the application starts")
+    middleware = next(
+        (m for m in app.middlewares if isinstance(m, Middleware)),
+        None,
+    )
+    if middleware is None:
+        middleware = Middleware(
+            coordinator,
+            websocket_close_grace_s=websocket_close_grace_s,
+            readiness_on_shutdown=readiness_on_shutdown,
+        )
+        app.middlewares.insert(0, middleware)
+    elif middleware.coordinator is not coordinator:
+        raise ValueError("the application's graceful Middleware has another coordinator")
+    if middleware.on_response_prepare not in app.on_response_prepare:
+        app.on_response_prepare.append(middleware.on_response_prepare)
+    for name, path, handler in (
+        ("readiness", paths["readiness_path"], middleware.readiness),
+        ("liveness", paths["liveness_path"], middleware.liveness),
+        ("prestop", paths["prestop_path"], middleware.prestop),
+        ("metrics", paths["metrics_path"], _metrics_handler(middleware, metrics_path)),
+    ):
+        if path is not None and handler is not None:
+            app.router.add_get(path, handler, name=f"graceful-{name}")
+            middleware.uncounted.add(handler)
+    app[DRAIN_SIGNAL_KEY] = DrainSignal(coordinator)
+    app[_MIDDLEWARE_KEY] = middleware
+    return middleware
+
+
+def _metrics_handler(middleware: Middleware, path: str | None) -> Handler | None:
+    """The metrics route's handler; ``graceful.metrics`` (and prometheus_client) is
+    imported only when the route is wanted."""
+    if path is None:
+        return None
+    from . import metrics
+
+    exposition = metrics.Exposition(middleware.coordinator)
+
+    async def serve_metrics(request: web.Request) -> web.StreamResponse:
+        status, body, content_type = await exposition.render_retrying(
+            request.headers.get(hdrs.ACCEPT, ""), request.query.getall("name[]", [])
+        )
+        response = web.Response(status=status, body=body, headers={hdrs.CONTENT_TYPE: content_type})
+        if middleware.coordinator.nudging:
+            response.force_close()
+        return response
+
+    return serve_metrics
+
+
+def drain_signal(request: web.BaseRequest) -> DrainSignal | None:
+    """The ``graceful.asgi.DrainSignal`` of ``request``'s application chain, or
+    ``None`` if ``setup`` did not run on it."""
+    config = getattr(request, "config_dict", None)
+    if config is None:
+        return None
+    found = config.get(DRAIN_SIGNAL_KEY)
+    return found if isinstance(found, DrainSignal) else None
