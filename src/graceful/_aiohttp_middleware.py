@@ -20,6 +20,7 @@ import anyio
 from aiohttp import WSCloseCode, hdrs, web
 from typing_extensions import final
 
+from . import _health
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from ._tracking import is_probe
@@ -57,12 +58,6 @@ class _RequestState:
 _STATE: contextvars.ContextVar[_RequestState | None] = contextvars.ContextVar(
     "graceful_aiohttp_request", default=None
 )
-
-
-def _check_path(name: str, value: str | None) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
-        raise ValueError(f"{name} must be a path starting with '/' or None, got {value!r}")
-    return value
 
 
 def _text(status: int, text: str) -> web.Response:
@@ -284,27 +279,15 @@ class Middleware:
     async def readiness(self, request: web.Request) -> web.Response:
         """200 while serving, 503 from the moment shutdown is requested (with
         ``readiness_on_shutdown="keep"``: from draining on)."""
-        c = self.coordinator
-        if c.shutdown_requested and (self.readiness_on_shutdown == "fail" or not c.accepting):
-            return self._respond(503, f"shutting down ({c.phase})\n")
-        return self._respond(200, "ready\n")
+        return self._respond(*_health.readiness(self.coordinator, self.readiness_on_shutdown))
 
     async def liveness(self, request: web.Request) -> web.Response:
         """200 until stopped."""
-        c = self.coordinator
-        if c.phase is Phase.STOPPED:
-            return self._respond(503, "stopped\n")
-        return self._respond(200, f"alive ({c.phase})\n")
+        return self._respond(*_health.liveness(self.coordinator))
 
     async def prestop(self, request: web.Request) -> web.Response:
         """Request shutdown; answer once the drain is done (or at its deadline)."""
-        c = self.coordinator
-        c.request_shutdown("preStop", escalate=False)
-        # The asking connection stays open, so wait for requests and sessions only.
-        await c.wait_for_phase(Phase.DRAINING)
-        await c.wait_drained(include_connections=False)
-        s = c.statistics()
-        return self._respond(200, f"{s.phase}: {s.requests} requests, {s.sessions} sessions left\n")
+        return self._respond(*await _health.prestop_done(self.coordinator))
 
 
 def _started(request: web.Request, state: _RequestState) -> bool:
@@ -362,10 +345,10 @@ def setup(
             raise ValueError("the application was set up with another coordinator")
         return existing
     paths = {
-        "readiness_path": _check_path("readiness_path", readiness_path),
-        "liveness_path": _check_path("liveness_path", liveness_path),
-        "prestop_path": _check_path("prestop_path", prestop_path),
-        "metrics_path": _check_path("metrics_path", metrics_path),
+        "readiness_path": _health.check_path("readiness_path", readiness_path),
+        "liveness_path": _health.check_path("liveness_path", liveness_path),
+        "prestop_path": _health.check_path("prestop_path", prestop_path),
+        "metrics_path": _health.check_path("metrics_path", metrics_path),
     }
     used = [p for p in paths.values() if p is not None]
     if len(used) != len(set(used)):

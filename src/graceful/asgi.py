@@ -53,6 +53,7 @@ from typing import Any, Final
 import anyio
 from typing_extensions import final
 
+from . import _health
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from ._tracking import is_probe
@@ -134,12 +135,6 @@ def drain_signal(scope: Scope) -> DrainSignal | None:
     return None
 
 
-def _check_path(name: str, value: str | None) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
-        raise ValueError(f"{name} must be a path starting with '/' or None, got {value!r}")
-    return value
-
-
 @final
 class GracefulMiddleware:
     """ASGI middleware that reports to and obeys a ``graceful.ShutdownCoordinator``.
@@ -183,7 +178,7 @@ class GracefulMiddleware:
         self.websocket_close_grace_s = float(websocket_close_grace_s)
         self._health: dict[str, ASGIApp] = {}
         metrics: ASGIApp | None = None
-        if _check_path("metrics_path", metrics_path) is not None:
+        if _health.check_path("metrics_path", metrics_path) is not None:
             from . import metrics as _metrics  # the metrics extra, only when asked for
 
             metrics = _metrics.asgi_app(coordinator)
@@ -193,7 +188,7 @@ class GracefulMiddleware:
             ("prestop_path", prestop_path, self._prestop),
             ("metrics_path", metrics_path, metrics),
         ):
-            if _check_path(name, path) is not None:
+            if _health.check_path(name, path) is not None:
                 assert path is not None
                 if path in self._health:
                     raise ValueError(f"{name} {path!r} is already used by another health endpoint")
@@ -420,27 +415,14 @@ class GracefulMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
-        c = self.coordinator
-        if c.shutdown_requested and (self.readiness_on_shutdown == "fail" or not c.accepting):
-            await self._respond(send, 503, f"shutting down ({c.phase})\n")
-        elif self._lifespan_seen and not self._started:
-            await self._respond(send, 503, "starting\n")
-        else:
-            await self._respond(send, 200, "ready\n")
+        starting = self._lifespan_seen and not self._started
+        await self._respond(
+            send,
+            *_health.readiness(self.coordinator, self.readiness_on_shutdown, starting=starting),
+        )
 
     async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.coordinator.phase is Phase.STOPPED:
-            await self._respond(send, 503, "stopped\n")
-        else:
-            await self._respond(send, 200, f"alive ({self.coordinator.phase})\n")
+        await self._respond(send, *_health.liveness(self.coordinator))
 
     async def _prestop(self, scope: Scope, receive: Receive, send: Send) -> None:
-        c = self.coordinator
-        c.request_shutdown("preStop", escalate=False)
-        # The asking connection stays open, so wait for requests and sessions only.
-        await c.wait_for_phase(Phase.DRAINING)
-        await c.wait_drained(include_connections=False)
-        s = c.statistics()
-        await self._respond(
-            send, 200, f"{s.phase}: {s.requests} requests, {s.sessions} sessions left\n"
-        )
+        await self._respond(send, *await _health.prestop_done(self.coordinator))

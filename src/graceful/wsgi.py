@@ -40,10 +40,12 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from http import HTTPStatus
 from typing import Any, Final
 
 import anyio
 
+from . import _health
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, _check_readiness_on_shutdown
 from ._signals import current_schedule
@@ -197,6 +199,11 @@ def drain_signal(environ: Environ) -> DrainSignal | None:
     return found if isinstance(found, DrainSignal) else None
 
 
+def _text(status: int, text: str) -> tuple[str, str, bytes]:
+    """A health answer as a WSGI status line, content type and body."""
+    return f"{status} {HTTPStatus(status).phrase}", _TEXT[1], text.encode()
+
+
 def _endpoint(name: str, path: str | None) -> str | None:
     if path is None:
         return None
@@ -337,15 +344,10 @@ class GracefulMiddleware:
         return _Tracked(result, functools.partial(self.thread.call, started.finish, c))
 
     def _readiness(self, environ: Environ) -> tuple[str, str, bytes]:
-        c = self.coordinator
-        if c.shutdown_requested and (self.readiness_on_shutdown == "fail" or not c.accepting):
-            return "503 Service Unavailable", _TEXT[1], f"shutting down ({c.phase})\n".encode()
-        return "200 OK", _TEXT[1], b"ready\n"
+        return _text(*_health.readiness(self.coordinator, self.readiness_on_shutdown))
 
     def _liveness(self, environ: Environ) -> tuple[str, str, bytes]:
-        if self.coordinator.phase is Phase.STOPPED:
-            return "503 Service Unavailable", _TEXT[1], b"stopped\n"
-        return "200 OK", _TEXT[1], f"alive ({self.coordinator.phase})\n".encode()
+        return _text(*_health.liveness(self.coordinator))
 
     def _prestop(self, environ: Environ) -> tuple[str, str, bytes]:
         self.thread.request_shutdown("preStop", escalate=False)
