@@ -49,6 +49,10 @@ REQUIRED_ADAPTERS = (
 )
 OPTIONAL_ADAPTERS = (
     "hypercorn.py",
+    "_hypercorn_server.py",
+    "_hypercorn_connection.py",
+    "_hypercorn_asyncio.py",
+    "_hypercorn_trio.py",
     "aiohttp.py",
     "_aiohttp_middleware.py",
     "_aiohttp_runner.py",
