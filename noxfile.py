@@ -21,6 +21,7 @@ SERVER_TESTS = [
     "tests/integration/test_gunicorn.py",
     "tests/integration/test_uvicorn.py",
     "tests/integration/test_uvicorn_hot_path.py",
+    "tests/integration/test_server_matrix.py",
     "tests/integration/test_cli.py",
 ]
 

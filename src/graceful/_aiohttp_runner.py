@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final, cast
+from typing import Any, Final, TypeGuard, cast
 
 import anyio
 from aiohttp import web
@@ -76,6 +76,11 @@ class _TrackingServer(web.Server):
             super().connection_lost(handler, exc)
         finally:
             self._graceful_runner._connection_lost(handler)
+
+
+def _is_listener(server: Any) -> TypeGuard[asyncio.AbstractServer]:
+    """An event loop's server (asyncio's or uvloop's)."""
+    return callable(getattr(server, "close", None)) and hasattr(server, "sockets")
 
 
 def _is_idle(handler: RequestHandler) -> bool:
@@ -184,7 +189,10 @@ class AppRunner(web.AppRunner):
         late: list[tuple[asyncio.AbstractServer, Any]] = []
         for site in self.sites:
             server = getattr(site, "_server", None)  # aiohttp: the site's asyncio.Server
-            if not isinstance(server, asyncio.AbstractServer) or site in self._adopted:
+            # uvloop's Server is no asyncio.AbstractServer subclass (an isinstance test
+            # left uvloop's listeners open while draining): a listener is what has
+            # sockets and closes.
+            if not _is_listener(server) or site in self._adopted:
                 continue
             self._adopted[site] = server
             ssl_context = getattr(site, "_ssl_context", None)  # aiohttp: the site's TLS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
@@ -18,12 +20,26 @@ from graceful._coordinator import DUPLICATE_WINDOW_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Command-line options per policy, short enough for tests.
-POLICIES = {
-    "accept-until-idle": ["--policy", "accept-until-idle", "--idle", "1"],
-    "serve-until-killed": ["--policy", "serve-until-killed", "--max-wait", "1.5"],
-    "refuse-immediately": ["--policy", "refuse-immediately"],
+#: Options per policy, short enough for tests, by option name (``max_wait``: ``--max-wait``
+#: on a command line, ``GRACEFUL_MAX_WAIT`` under gunicorn).
+POLICY_OPTIONS: dict[str, dict[str, str]] = {
+    "accept-until-idle": {"policy": "accept-until-idle", "idle": "1"},
+    "serve-until-killed": {"policy": "serve-until-killed", "max_wait": "1.5"},
+    "refuse-immediately": {"policy": "refuse-immediately"},
 }
+
+
+def command_line(options: Mapping[str, str]) -> list[str]:
+    """``{"max_wait": "1.5", "uvloop": ""}`` as ``["--max-wait", "1.5", "--uvloop"]``: an
+    option whose value is ``""`` is a flag."""
+    args: list[str] = []
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", value] if value else [f"--{key}"]
+    return args
+
+
+#: Command-line options per policy, short enough for tests.
+POLICIES = {name: command_line(options) for name, options in POLICY_OPTIONS.items()}
 #: Log lines of the coordinator's phase changes.
 ACCEPTING = r"serving -> accepting: SIGTERM"
 DRAINING = r"accepting -> draining"
@@ -69,6 +85,9 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.port = 0
+        #: The process that serves and gets signals meant for it alone (gunicorn: the
+        #: worker; otherwise the process itself).
+        self.worker_pid = self.proc.pid
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -126,6 +145,20 @@ class ServerProcess:
         else:
             self.proc.send_signal(sig)
         self._sent[sig] = time.monotonic()
+
+    def signal_worker(self, sig: int) -> None:
+        """``sig`` to :attr:`worker_pid`.  A repeat of a signal sent to the process (which
+        a gunicorn master relays) is sent a whole duplicate window after now — the worker
+        got the relay at some moment before the caller saw its effect — so that it is a
+        deliberate second signal (see :meth:`signal`)."""
+        if sig in self._sent:
+            due = time.monotonic() + DUPLICATE_WINDOW_S + 0.05
+            while time.monotonic() < due:
+                time.sleep(due - time.monotonic())
+        if sig == signal.SIGSTOP:
+            sigstop(self.worker_pid)
+        else:
+            os.kill(self.worker_pid, sig)
 
     def wait_exit(self, timeout_s: float = 15.0) -> int:
         """The exit status, once the process exited and its last output lines were read
@@ -188,6 +221,80 @@ def stock_uvicorn(*options: str, app: str = "examples.asgi_app:app") -> ServerPr
     return server
 
 
+#: hypercorn's launcher for the tests (``graceful.hypercorn.run``, or ``--stock``).
+HYPERCORN_LAUNCH = str(ROOT / "tests" / "integration" / "hypercorn_apps" / "launch.py")
+#: The line hypercorn logs once it listens.
+HYPERCORN_RUNNING = r"Running on http://127\.0\.0\.1:(\d+)"
+
+
+def hypercorn_launch(
+    *options: str, worker: str = "asyncio", env: dict[str, str] | None = None
+) -> ServerProcess:
+    """Start ``hypercorn_apps/launch.py`` (with its access log) on a free port and wait
+    until it listens.  The caller stops it."""
+    server = ServerProcess(
+        [sys.executable, HYPERCORN_LAUNCH, "--worker", worker, "--access-log", *options], env=env
+    )
+    server.port = int(server.wait_for_line(HYPERCORN_RUNNING).group(1))
+    return server
+
+
+#: The aiohttp test app (``aiohttp_apps/app.py``) and the ways it is served.
+AIOHTTP_APP = "tests.integration.aiohttp_apps.app"
+AIOHTTP_MODES = ["run_app", "runner", "gunicorn"]
+#: Options graceful reads from GRACEFUL_* under gunicorn.
+GUNICORN_ENV_OPTIONS = ("policy", "idle", "max_wait", "drain_timeout", "websocket_close_grace",
+                        "prestop_path")  # fmt: skip
+
+
+def aiohttp_command(mode: str, options: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that serve the aiohttp test app in ``mode``
+    (``run_app``, ``runner``, ``stock`` or ``gunicorn``: one ``graceful.gunicorn.AiohttpWorker``
+    whose master gets the signals, as in a container) with ``options``."""
+    if mode != "gunicorn":
+        return [sys.executable, "-m", AIOHTTP_APP, mode, "--port", "0", *command_line(options)], {}
+    rest = dict(options)
+    grace = rest.pop("grace_period", "10")
+    backlog = rest.pop("backlog", "2048")
+    env = {f"GRACEFUL_{k.upper()}": rest.pop(k) for k in GUNICORN_ENV_OPTIONS if k in rest}
+    assert not rest, f"no gunicorn option for {rest}"
+    command = [
+        sys.executable, "-m", "gunicorn", f"{AIOHTTP_APP}:app",
+        "-k", "graceful.gunicorn.AiohttpWorker", "-w", "1",
+        "-b", "127.0.0.1:0", "--graceful-timeout", grace, "--timeout", "3", "--backlog", backlog,
+    ]  # fmt: skip
+    return command, env
+
+
+def aiohttp_ready(server: ServerProcess, mode: str) -> ServerProcess:
+    """Wait until the aiohttp test app serves; set the server's port and worker."""
+    if mode != "gunicorn":
+        server.port = int(server.wait_for_line(r"Running on http://127\.0\.0\.1:(\d+)")[1])
+        return server
+    server.port = int(server.wait_for_line(r"Listening at: http://127\.0\.0\.1:(\d+)")[1])
+    server.worker_pid = int(server.wait_for_line(r"Booting worker with pid: (\d+)")[1])
+    server.wait_for_line(r"aiohttp worker serving on")
+    return server
+
+
+def silent_websocket(port: int, path: str = "/ws") -> socket.socket:
+    """A websocket client that completes the handshake and then never reads, writes or
+    answers a close frame: only the server can end it."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nhost: test\r\nupgrade: websocket\r\nconnection: upgrade\r\n"
+        f"sec-websocket-key: {key}\r\nsec-websocket-version: 13\r\n\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, head
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return sock
+
+
 def wait_for(condition: object, timeout_s: float, what: str, *, poll_s: float = 0.005) -> None:
     """Poll ``condition()`` (a cheap read of /proc or of a socket) until true.
 
@@ -209,6 +316,18 @@ def connection_refused(port: int) -> bool:
     except ConnectionRefusedError:
         return True
     return False
+
+
+def decoded_body(headers: Mapping[str, str], body: bytes) -> bytes:
+    """``body`` as :meth:`RawHTTP.response` returned it, without its chunked framing."""
+    if headers.get("transfer-encoding") != "chunked":
+        return body
+    decoded, rest = b"", body
+    while rest:
+        size, _, rest = rest.partition(b"\r\n")
+        length = int(size.split(b";")[0], 16)
+        decoded, rest = decoded + rest[:length], rest[length + 2 :]
+    return decoded
 
 
 class RawHTTP:

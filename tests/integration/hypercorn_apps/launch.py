@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--drain-timeout", type=float, default=30.0)
     parser.add_argument("--grace-period", type=float, default=None)
     parser.add_argument("--websocket-close-grace", type=float, default=1.0)
+    parser.add_argument("--prestop-path", default=None)
+    parser.add_argument("--backlog", type=int, default=None)
     parser.add_argument("--access-log", action="store_true")
     args = parser.parse_args()
 
@@ -41,6 +43,8 @@ def main() -> None:
     config.errorlog = logging.getLogger("hypercorn.error")  # through basicConfig's handler
     if args.access_log:
         config.accesslog = "-"
+    if args.backlog is not None:
+        config.backlog = args.backlog
 
     if args.stock:
         import importlib
@@ -83,6 +87,7 @@ def main() -> None:
         worker_class=args.worker,
         coordinator=coordinator,
         websocket_close_grace_s=args.websocket_close_grace,
+        prestop_path=args.prestop_path,
     )
 
 
