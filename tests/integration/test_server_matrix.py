@@ -77,6 +77,11 @@ class Row:
     unanswered_websocket_ends: str
     #: Cases (test function names) this row cannot pass, with the reason.
     known_failures: Mapping[str, str] = field(default_factory=dict)
+    #: A program with its own runner restores its signal handlers when
+    #: ``coordinator.run`` returns, so a SIGTERM after the stop (the kubelet's, after a
+    #: preStop drain) takes the default action (docs/aiohttp.md, Limits); the servers
+    #: graceful runs guard their teardown and exit 0.
+    late_signal_kills: bool = False
 
     def command(self, options: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         """The command line and extra environment that serve with ``options`` (policy,
@@ -197,7 +202,7 @@ ROWS: list[Row] = [
     ),
     Aiohttp(id="aiohttp-run_app", mode="run_app"),
     Aiohttp(id="aiohttp-run_app-uvloop", mode="run_app", uvloop=True),
-    Aiohttp(id="aiohttp-runner", mode="runner"),
+    Aiohttp(id="aiohttp-runner", mode="runner", late_signal_kills=True),
     Aiohttp(id="aiohttp-gunicorn", mode="gunicorn"),
 ]
 
@@ -560,7 +565,8 @@ def test_prestop_endpoint_blocks_until_drained(launch: Launch, row: Row) -> None
     assert status == 200
     assert b"0 requests, 0 sessions left" in body
     server.signal(signal.SIGTERM)  # the kubelet's SIGTERM after preStop returned
-    assert server.wait_exit() == 0
+    code = server.wait_exit()
+    assert code == 0 or (row.late_signal_kills and code == -signal.SIGTERM), code
 
 
 # --------------------------------------------------------------------------- signals
