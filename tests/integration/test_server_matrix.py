@@ -115,9 +115,11 @@ class GracefulRun(AsgiRow):
     # uvicorn reports the code the client echoed.
     websocket_closed: str = r"websocket disconnected with code 1001"
     # The app is told at once (after the close grace) and its session ends; the TCP
-    # connection, still in the close handshake, is what the deadline cuts.
+    # connection, still in the close handshake, is what the deadline cuts — or, with
+    # uvicorn 0.50 (the floor), uvicorn closes it itself and the drain ends at once.
     unanswered_websocket_ends: str = (
-        r"draining -> stopping: drain deadline reached with 1 connection, 0 requests left"
+        r"draining -> stopping: (drained|drain deadline reached with 1 connection, "
+        r"0 requests left)"
     )
 
     def command(self, options: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
