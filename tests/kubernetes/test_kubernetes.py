@@ -245,6 +245,7 @@ def test_apiserver_stopped_mid_watch_does_not_hang_the_shutdown() -> None:
             failure_threshold=100,  # the endpoint stays ready: the watch waits
         )
         assert pod.proc is not None
+        wait_routed(cluster, pod)  # else the watch may find the endpoint not ready at once
         apiserver = cluster.processes["apiserver"]
         term = time.time()
         pod.proc.send_signal(signal.SIGTERM)
