@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import socket
 import sys
 import time
 from urllib.parse import parse_qs, urlsplit
@@ -97,6 +98,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, grace
         help="for tests: stop the event loop for this long right after start-up, so that "
         "connections pile up in the kernel's accept backlog (a busy server, simulated)",
     )
+    parser.add_argument(
+        "--defer-accept",
+        type=int,
+        default=0,
+        help="TCP_DEFER_ACCEPT (Linux, seconds): the kernel hands a connection over only "
+        "once its client sent data; until then its handshake counts as under way",
+    )
     args = parser.parse_args(argv)
     try:
         policy = graceful.policy_from_name(
@@ -116,6 +124,9 @@ async def main(args: argparse.Namespace, policy: graceful.Policy) -> None:
         make_handler(server_ref), args.host, args.port, coordinator=coordinator
     )
     server_ref.append(server)
+    if args.defer_accept:
+        for sock in server.sockets:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, args.defer_accept)
     async with server, anyio.create_task_group() as tg:
         await tg.start(coordinator.run)  # returns once the signal handlers are installed
         host, port = server.sockets[0].getsockname()[:2]

@@ -21,6 +21,7 @@ from typing_extensions import final
 
 from ._hypercorn_connection import _Closer, _graceful_tcp_server, _peer
 from ._hypercorn_server import _Worker
+from ._listeners import seal
 
 if TYPE_CHECKING:
     import trio
@@ -184,7 +185,9 @@ class _TrioWorker(_Worker):
         trio = self._trio
         self._accepting.cancel()
         for sock, secure in self._listen_sockets:
-            # The backlog is served, not reset: accept it all, then close.
+            # The backlog is served, not reset: seal (no new handshake), accept it all,
+            # then close (``graceful._listeners``).
+            seal([sock])
             self._accept_ready(sock, secure)
             trio.lowlevel.notify_closing(sock)
             sock.close()

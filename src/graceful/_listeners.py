@@ -43,15 +43,35 @@ a connection attempt after that is refused, which a client can always retry.
 When the listening socket is shared with other processes (gunicorn workers), closing our
 copy does not close the socket at all; accepting the backlog then only serves a few
 connections a sibling would otherwise have taken, which is harmless.
+
+Sealing: no handshake completes between the last accept and the close
+-----------------------------------------------------------------------
+Accepting once more just before the close still leaves a window: a client whose handshake
+the kernel completes between that last ``accept()`` and the ``close()`` is queued, then
+reset — with clients opening connections all the time (a fault-suite case runs 250 of
+them), that happens.  So on Linux, when this process alone holds the listening socket
+(``/proc`` shows no other process with it: a gunicorn master or a sibling worker would
+keep accepting on it, and must not be affected), the listener is *sealed* before the last
+accept: a socket filter drops every new SYN (the kernel never answers it; the client
+retransmits it a second later and, the listener closed by then, is refused — safe to
+retry), while handshakes already under way complete (their ACK passes) and are accepted.
+Those under way are the sockets in ``SYN_RECV`` on the listener's port
+(``/proc/net/tcp``): the last accept waits until there are none, for at most
+``_HANDSHAKES_WAIT_S``.  Elsewhere (not Linux, a shared socket, ``/proc`` unreadable)
+nothing is sealed and the window stays, as narrow as two system calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import socket
+import struct
+import sys
+import time
 from collections.abc import Callable, Iterable
 from ssl import SSLContext
 from typing import TYPE_CHECKING, Any, Final
@@ -61,7 +81,7 @@ from typing_extensions import final
 if TYPE_CHECKING:
     from ._tracking import Tracking
 
-__all__ = ("Handovers", "close_keeping_backlog", "count_accepts")
+__all__ = ("Handovers", "close_keeping_backlog", "count_accepts", "seal", "handshakes_under_way")
 
 logger = logging.getLogger("graceful")
 
@@ -191,40 +211,148 @@ def close_keeping_backlog(
         for sock in _accept_all(dups, handovers)
     ]
 
-    def close() -> list[asyncio.Task[object]]:
+    def close() -> bool:
+        """Close the servers; accept what completed meanwhile.  Returns whether the
+        listeners are sealed with handshakes still under way (to wait for)."""
         for server in servers:
             server.close()
         for sock in extra:
             sock.close()
+        sealed = seal(dups)
         # Whatever completed its handshake meanwhile.
+        accept_more()
+        return sealed and handshakes_under_way(dups)
+
+    def accept_more() -> None:
         serving.extend(
             _start(loop, protocol_factory, s, handovers, ssl) for s in _accept_all(dups, handovers)
         )
+
+    def finish() -> list[asyncio.Task[object]]:
+        accept_more()
         for dup in dups:
             dup.close()
         if serving:
             logger.debug("serving %d connections from the accept backlog", len(serving))
         return serving
 
-    async def close_after_handovers() -> list[asyncio.Task[object]]:
+    async def close_after_handovers(waiting: bool) -> list[asyncio.Task[object]]:
         # Hand-over tasks the loop created before its reader was removed are already
         # scheduled: they reach protocol creation within an iteration or two.
-        for _ in range(_HANDOVER_ITERATIONS):
-            if not handovers.pending:
-                break
-            await asyncio.sleep(0)
-        else:
-            logger.warning("%d accepted connections still not handed over", handovers.pending)
-        return close()
+        if waiting:
+            for _ in range(_HANDOVER_ITERATIONS):
+                if not handovers.pending:
+                    break
+                await asyncio.sleep(0)
+            else:
+                logger.warning("%d accepted connections still not handed over", handovers.pending)
+            if not close():
+                return finish()
+        # Sealed, with handshakes under way: accept them as they complete.
+        deadline = time.monotonic() + _HANDSHAKES_WAIT_S
+        while handshakes_under_way(dups) and time.monotonic() < deadline:
+            await asyncio.sleep(_HANDSHAKES_POLL_S)
+            accept_more()
+        return finish()
 
-    if not handovers.pending:  # nothing on its way (always so on uvloop): close now
-        done: asyncio.Future[list[asyncio.Task[object]]] = loop.create_future()
-        done.set_result(close())
-        return done
-    return loop.create_task(close_after_handovers())
+    if handovers.pending:
+        return loop.create_task(close_after_handovers(True))
+    if close():  # sealed, with handshakes to wait for
+        return loop.create_task(close_after_handovers(False))
+    done: asyncio.Future[list[asyncio.Task[object]]] = loop.create_future()
+    done.set_result(finish())  # nothing on its way (always so on uvloop): closed now
+    return done
 
 
 _HANDOVER_ITERATIONS: Final = 1000
+#: How long the last accept of a sealed listener waits for handshakes under way: a client's
+#: ACK is a round trip away; a lost one is answered to the SYN-ACK the kernel resends after
+#: a second.  (A handshake that never completes — a scanner, a client gone — costs this.)
+_HANDSHAKES_WAIT_S: Final = 1.0
+_HANDSHAKES_POLL_S: Final = 0.005
+
+# A classic BPF socket filter for a listening TCP socket: at the filter the packet starts
+# with its TCP header, byte 13 holds the flags.  SYN without ACK (a new handshake): drop;
+# anything else (the ACK completing a handshake, data on accepted sockets, which share
+# the filter): keep.
+_DROP_NEW_SYN: Final = (
+    (0x30, 0, 0, 13),  # ldb [13]
+    (0x54, 0, 0, 0x12),  # and #(SYN|ACK)
+    (0x15, 0, 1, 0x02),  # jeq #SYN, drop, keep
+    (0x06, 0, 0, 0),  # drop: ret #0
+    (0x06, 0, 0, 0xFFFFFFFF),  # keep: ret #-1
+)
+_SO_ATTACH_FILTER: Final = 26
+_SYN_RECV: Final = "03"  # a socket's state in /proc/net/tcp
+
+
+def _held_elsewhere(sock: socket.socket) -> bool:
+    """Whether a process other than this one may hold ``sock`` (``True`` when unknown)."""
+    try:
+        target = f"socket:[{os.fstat(sock.fileno()).st_ino}]"
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return True
+    me = str(os.getpid())
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:  # gone meanwhile
+            continue
+        except OSError:  # not ours to look at: it might hold it
+            return True
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return True
+    return False
+
+
+def seal(listeners: Iterable[socket.socket]) -> bool:
+    """Drop new handshakes on the TCP ``listeners`` this process alone holds (Linux).
+
+    Handshakes already under way still complete; see the module's "Sealing".  Returns
+    whether any listener was sealed.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    program = b"".join(struct.pack("HBBI", *op) for op in _DROP_NEW_SYN)
+    sealed = False
+    for sock in listeners:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or _held_elsewhere(sock):
+            continue
+        buffer = ctypes.create_string_buffer(program)  # the kernel copies it
+        fprog = struct.pack("HL", len(_DROP_NEW_SYN), ctypes.addressof(buffer))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+        except OSError as exc:
+            logger.debug("could not seal %s: %s", sock, exc)
+            continue
+        sealed = True
+    return sealed
+
+
+def handshakes_under_way(listeners: Iterable[socket.socket]) -> bool:
+    """Whether a connection to one of the ``listeners``' ports is in ``SYN_RECV``."""
+    ports = set()
+    for sock in listeners:
+        with contextlib.suppress(OSError, IndexError, TypeError):
+            ports.add(f":{sock.getsockname()[1]:04X}")
+    if not ports:
+        return False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as lines:
+                next(lines, None)
+                for line in lines:
+                    fields = line.split(None, 4)
+                    if fields[3] == _SYN_RECV and fields[1][-5:] in ports:
+                        return True
+        except OSError:
+            continue
+    return False
 
 
 def _start(

@@ -5,6 +5,8 @@ Each test runs under the default asyncio loop and under uvloop.
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import socket
 import sys
@@ -150,3 +152,60 @@ def test_bad_policy_value_exits_2(options: list[str], message: str) -> None:
         assert message in server.output()
     finally:
         server.stop()
+
+
+def _state(sock: socket.socket) -> int:
+    """The TCP state of ``sock`` (``tcp_info.tcpi_state``: 1 established, 2 SYN sent)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sealing is Linux's")
+def test_handshake_under_way_at_the_close_is_served(start: Start) -> None:
+    """A client whose handshake is still under way when the listener closes (here held
+    in SYN_RECV by TCP_DEFER_ACCEPT until it sends) is served, not reset: the listener
+    is sealed (new SYNs dropped: a probe stays in SYN_SENT), the close waits for it."""
+    server = start(*POLICIES["refuse-immediately"], "--defer-accept", "30")
+    client = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    probes: list[socket.socket] = []
+    try:
+        assert _state(client) == 1  # established on the client's side, under way on the server's
+        wait_until(lambda: _syn_recv(server.port), "the client's handshake in SYN_RECV")
+        server.signal(signal.SIGTERM)
+
+        def sealed() -> bool:
+            probe = socket.socket()
+            probe.setblocking(False)
+            probes.append(probe)
+            code = probe.connect_ex(("127.0.0.1", server.port))
+            assert code in (0, errno.EINPROGRESS), f"probe refused: {os.strerror(code)}"
+            state = _state(probe)
+            assert state != 7, "probe refused: the listener closed without waiting"  # CLOSE
+            return state == 2  # SYN_SENT: its SYN was dropped
+
+        wait_until(sealed, "the listener sealed")
+        client.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        data = b""
+        while b"hello\n" not in data:
+            chunk = client.recv(4096)
+            assert chunk, f"connection closed without a response: {data!r}"
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200 OK")
+    finally:
+        client.close()
+        for probe in probes:
+            probe.close()
+    assert server.wait_exit() == 0
+
+
+def _syn_recv(port: int) -> bool:
+    """Whether a connection to ``port`` is in SYN_RECV (state 03 in /proc/net/tcp)."""
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        rows = [line.split() for line in list(table)[1:]]
+    return any(row[3] == "03" and row[1].endswith(f":{port:04X}") for row in rows)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)
