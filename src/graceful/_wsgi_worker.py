@@ -60,9 +60,12 @@ from .wsgi import CoordinatorThread, GracefulMiddleware
 logger = logging.getLogger("graceful")
 
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
-#: The heartbeat ends a worker still running this long before the exit deadline;
-#: SIGALRM's default action ends one that holds the GIL this long after it.
-EXIT_BEFORE_S = 0.1
+#: The heartbeat ends a worker still running this long before the exit deadline (which
+#: counts from this worker's SIGTERM, the master's SIGKILL from the master's own: the
+#: relay reaches a worker late under load, CI saw more than a quarter second);
+#: SIGALRM's default action ends one that holds the GIL this long after the deadline
+#: (after the coordinator's own hard exit, which needs the GIL too).
+EXIT_BEFORE_S = 0.35
 ALARM_AFTER_S = 0.05
 
 
@@ -204,8 +207,8 @@ class _GracefulWSGIWorker:
         self._alarm_armed = True
         exit_margin = _deadlines.exit_margin(self.coordinator.kill_margin_s)
         grace = float(self.cfg.graceful_timeout)
-        # Just after the heartbeat's own exit (see _exit_at), most of the exit margin
-        # before SIGKILL: the signal may reach this worker late under load.
+        # After the heartbeat's exit (see _exit_at) and the coordinator's, most of the
+        # exit margin before SIGKILL: the signal may reach this worker late under load.
         at = self._signalled_at + grace - exit_margin + ALARM_AFTER_S
         signal.setitimer(signal.ITIMER_REAL, max(0.001, at - time.monotonic()))
 
@@ -234,15 +237,20 @@ class _GracefulWSGIWorker:
         beat = max(0.05, min(1.0, (self.timeout or 2) / 4))
         assert self.graceful is not None
         c = self.coordinator
+        stopped = False
         while True:
-            wait = beat
             left = self._exit_at() - time.monotonic()
             if left <= 0:
                 break
-            wait = min(wait, left)
-            if self.graceful.wait_for_phase(Phase.STOPPED, wait):
-                return
-            self.notify()
+            wait = min(beat, left)
+            if stopped:  # gunicorn's own exit normally ends the process meanwhile
+                time.sleep(wait)
+            elif self.graceful.wait_for_phase(Phase.STOPPED, wait):
+                # Stopped, but a request the cut could not reach (the worker's own
+                # thread, in the app) may still hold the process: keep the exit.
+                stopped = True
+            else:
+                self.notify()
         logger.error(
             "still alive at the last moment before SIGKILL (phase %s, a request still "
             "runs); exiting",

@@ -132,12 +132,15 @@ def test_kept_alive_connections_at_sigterm(harness: Harness, record: Callable[[s
     assert code == 0
 
 
+@pytest.mark.parametrize("relay_late_s", [0, 0.3], ids=["relayed", "relayed-late"])
 @pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
 def test_request_past_the_kill_deadline(
-    harness: Harness, record: Callable[[str], None], worker: str
+    harness: Harness, record: Callable[[str], None], worker: str, relay_late_s: float
 ) -> None:
     """A request in flight at SIGTERM that would outlive --graceful-timeout 3: the
-    worker's coordinator ends the process before the master's SIGKILL, and says so"""
+    worker ends the process before the master's SIGKILL, and says so — also when the
+    master's relay of SIGTERM reaches it late (a loaded machine: the worker is stopped
+    while the master signals it, and resumed ``relay_late_s`` later)"""
     server = harness.gunicorn(
         "--graceful-timeout", "3", *options(worker),
         app=WSGI_APP, worker_class=worker, env=POLICY_ENV["refuse-immediately"],
@@ -147,7 +150,10 @@ def test_request_past_the_kill_deadline(
     client.request("/slow?s=60", "stuck")
     server.wait_for_line(r"started stuck")
     began = time.monotonic()
-    server.signal(signal.SIGTERM)
+    with stopped(pid):
+        server.signal(signal.SIGTERM)
+        wait_for(lambda: signal_pending(pid, signal.SIGTERM), 10, f"SIGTERM pending in {pid}")
+        time.sleep(relay_late_s)  # the scenario: the relay is this late
     code = server.wait_exit(15)
     watchdog = server.has_line(r"still alive at the last moment before SIGKILL")
     record(
