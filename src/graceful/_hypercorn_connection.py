@@ -14,6 +14,7 @@ ended.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hypercorn.events import Closed, Event, Updated
@@ -107,14 +108,24 @@ def _graceful_tcp_server(base: type[Any]) -> type[Any]:
             super().__init__(*args)
             self._graceful_worker = worker
 
-        async def protocol_send(self, event: Event) -> None:
-            if isinstance(event, Updated):
-                self.graceful_connection.busy = not event.idle  # before anything yields
-            elif isinstance(event, Closed):
+        def protocol_send(self, event: Event) -> Awaitable[None]:
+            # A plain function returning hypercorn's own send: no coroutine of ours per
+            # event, and exact type tests (hypercorn's events derive from an ABC, whose
+            # isinstance costs about a thousand instructions; four events a request).
+            kind = type(event)
+            if kind is Updated:
+                conn = self.graceful_connection
+                idle: bool = event.idle  # type: ignore[attr-defined]
+                conn.busy = not idle  # before anything yields
+                if self._graceful_worker.watching:  # only once shutdown was requested
+                    return self._graceful_updated(event, idle)
+            elif kind is Closed:
                 self.graceful_connection.closing = True
+            return super().protocol_send(event)  # type: ignore[no-any-return]
+
+        async def _graceful_updated(self, event: Event, idle: bool) -> None:
             await super().protocol_send(event)
-            if isinstance(event, Updated):
-                await self._graceful_worker.on_updated(self.graceful_connection, event.idle)
+            await self._graceful_worker.on_updated(self.graceful_connection, idle)
 
         async def graceful_send(self, event: Event) -> None:
             await super().protocol_send(event)

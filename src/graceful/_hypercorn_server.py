@@ -76,6 +76,8 @@ class _Worker(ServerShape):
         self._lifespan_state: dict[str, Any] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = False
+        #: Shutdown was requested: connections report busy/idle changes (``on_updated``).
+        self.watching = False
 
     # ----------------------------------------------------------- per backend
 
@@ -300,6 +302,7 @@ class _Worker(ServerShape):
     # ---------------------------------------------- the shape, for hypercorn
 
     def shutdown_requested(self) -> None:
+        self.watching = True
         for conn in self._connections:  # new streams from here on are activity
             proto = conn.h2()
             if proto is not None:

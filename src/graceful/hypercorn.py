@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal, cast
 
 import anyio
+from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config, Sockets
 from hypercorn.typing import AppWrapper, ASGIReceiveCallable, ASGISendCallable, Scope
 from hypercorn.utils import load_application
@@ -62,7 +63,7 @@ WORKER_CLASSES: Final = ("asyncio", "uvloop", "trio")
 
 @final
 class _GracefulApp:
-    """hypercorn's app wrapper (ASGI or WSGI) behind ``GracefulMiddleware``.
+    """hypercorn's WSGI app wrapper behind ``GracefulMiddleware`` (ASGI apps: ``_asgi_app``).
 
     hypercorn calls apps with two extra arguments (``sync_spawn``, ``call_soon``) that
     differ per connection; the middleware speaks plain ASGI.  The extras travel through
@@ -96,6 +97,23 @@ class _GracefulApp:
             await self._middleware(cast(Any, scope), cast(Any, receive), cast(Any, send))
         finally:
             self._extras.reset(token)
+
+
+def _asgi_app(middleware: GracefulMiddleware) -> AppWrapper:
+    """hypercorn's app for an ASGI app: like hypercorn's ``ASGIWrapper`` (which drops
+    ``sync_spawn`` and ``call_soon``), but a plain function returning the middleware's
+    coroutine, so graceful adds no coroutine of its own per request."""
+
+    def graceful(
+        scope: Scope,
+        receive: ASGIReceiveCallable,
+        send: ASGISendCallable,
+        sync_spawn: Callable[..., Any],
+        call_soon: Callable[..., Any],
+    ) -> Awaitable[None]:
+        return middleware(scope, receive, send)  # type: ignore[arg-type]
+
+    return graceful  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------- public
@@ -134,6 +152,10 @@ def _app_wrapper(
         inner = hypercorn_wrap_app(app, config.wsgi_max_body_size, mode)
     if not wrap_app:
         return inner
+    if type(inner) is ASGIWrapper:  # an ASGI app: it ignores the two extras
+        app_ = cast(Any, inner.app)
+        middleware = GracefulMiddleware(app_, coordinator=coordinator, **middleware_options)
+        return _asgi_app(middleware)
     return _GracefulApp(
         inner,
         lambda asgi: GracefulMiddleware(asgi, coordinator=coordinator, **middleware_options),

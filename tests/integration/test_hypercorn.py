@@ -398,3 +398,27 @@ def test_gunicorn_sigquit_is_quick_shutdown(servers: list[ServerProcess]) -> Non
     assert client.response()[0] == 503
     assert server.wait_exit(timeout_s=10) == 0
     assert server.output().count("-> stopping: SIGQUIT") == 2
+
+
+# Not trio: hypercorn 0.18's own trio worker fails at start-up with a WSGI app (its
+# lifespan channel is closed: `hypercorn --worker-class trio flask_app:app`).
+@pytest.mark.parametrize("worker", ["asyncio", "uvloop"])
+def test_a_wsgi_app_is_tracked_and_drained(servers: list[ServerProcess], worker: str) -> None:
+    """A WSGI app (Flask) under graceful.hypercorn goes through hypercorn's WSGI wrapper
+    behind the middleware: its request in flight at SIGTERM is counted, holds the drain
+    and completes."""
+    pytest.importorskip("flask")
+    server = start(
+        servers, *POLICIES["refuse-immediately"],
+        "--app", "tests.integration.wsgi_apps.flask_app:app", worker=worker,
+    )  # fmt: skip
+    assert RawHTTP(server.port).get("/readyz")[0] == 200
+    client = RawHTTP(server.port)
+    client.send("/slow?s=1")
+    server.wait_for_line(r"slow request started")
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(DRAINING)
+    assert server.has_line(r"1 request")  # the phase lines count it
+    assert client.response()[::2] == (200, b"slow done after 1 s\n")
+    assert server.wait_exit() == 0
+    assert not server.has_line(r"Traceback|ERROR")
