@@ -65,7 +65,7 @@ _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 #: relay reaches a worker late under load, CI saw more than a quarter second);
 #: SIGALRM's default action ends one that holds the GIL this long after the deadline
 #: (after the coordinator's own hard exit, which needs the GIL too).
-EXIT_BEFORE_S = 0.35
+EXIT_BEFORE_S = 0.5
 ALARM_AFTER_S = 0.05
 
 
