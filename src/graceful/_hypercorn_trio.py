@@ -205,11 +205,14 @@ class _CountingStream:
     a broken stream, or our close) to a closer; everything else is the inner stream's
     (``do_handshake`` is missing unless it is TLS, as hypercorn expects)."""
 
-    __slots__ = ("_closer", "_stream")
+    __slots__ = ("_closer", "_stream", "send_all")
 
     def __init__(self, stream: Any, closer: _Closer) -> None:
         self._stream = stream
         self._closer = closer
+        # The inner stream's own method: no frame of ours, and no ``__getattr__`` (a
+        # failed lookup first), for each of a response's sends.
+        self.send_all = stream.send_all
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

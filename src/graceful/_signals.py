@@ -60,11 +60,35 @@ __all__ = (
     "defer_signals",
     "in_terminal_foreground",
     "judge_terminal_by",
+    "leave_signals_to_main_thread",
     "loop_handles",
     "signal_name",
     "take_deferred",
     "teardown_guard",
 )
+
+#: Process-directed signals that graceful's own threads leave to the main thread.
+_MAIN_THREAD_SIGNALS: Final = tuple(
+    getattr(signal, name)
+    for name in ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+    if hasattr(signal, name)
+)
+
+
+def leave_signals_to_main_thread() -> None:
+    """Block the process's signals in the calling thread (one of graceful's own).
+
+    The kernel hands a process-directed signal to any thread that does not block it,
+    and Python runs its handlers in the main thread only: a signal taken by another
+    thread does not interrupt the main thread's wait.  A sync WSGI worker whose main
+    thread sleeps in the app heard of a SIGTERM that landed in the coordinator's thread
+    only when the request ended — after the master's SIGKILL (seen when a stopped worker
+    is resumed: every thread is woken, any may take the pending signal).  Threads
+    started from this one inherit the mask.  No-op where threads have no signal mask.
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
+
 
 #: Signals that request shutdown; a repeat escalates.
 SHUTDOWN_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)

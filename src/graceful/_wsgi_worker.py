@@ -55,6 +55,7 @@ from . import _config, _deadlines, _logging
 from ._config import ConfigError
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
+from ._signals import leave_signals_to_main_thread
 from .wsgi import CoordinatorThread, GracefulMiddleware
 
 logger = logging.getLogger("graceful")
@@ -234,6 +235,7 @@ class _GracefulWSGIWorker:
         end the process just before the exit deadline if it still runs then (the
         coordinator's own hard exit comes later, too close to SIGKILL for a worker that
         learns of SIGTERM from its master)."""
+        leave_signals_to_main_thread()
         beat = max(0.05, min(1.0, (self.timeout or 2) / 4))
         assert self.graceful is not None
         c = self.coordinator

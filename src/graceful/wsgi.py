@@ -48,7 +48,7 @@ import anyio
 from . import _health
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, _check_readiness_on_shutdown
-from ._signals import current_schedule
+from ._signals import current_schedule, leave_signals_to_main_thread
 from ._tracking import is_probe
 
 __all__ = (
@@ -109,6 +109,7 @@ class CoordinatorThread:
         return self._ready.is_set() and self._thread is not None and self._thread.is_alive()
 
     def _main(self) -> None:
+        leave_signals_to_main_thread()
         anyio.run(self._run)
 
     async def _run(self) -> None:

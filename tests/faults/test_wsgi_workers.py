@@ -160,7 +160,7 @@ def test_request_past_the_kill_deadline(
         f"worker {pid} ended by its hard exit: {watchdog}, "
         f"after {time.monotonic() - began:.1f} s; exit {code}"
     )
-    assert watchdog
+    assert watchdog, server.output()
     assert code == 0
 
 

@@ -3,6 +3,8 @@ WSGI server would drive them (the gunicorn workers are tested in tests/integrati
 
 from __future__ import annotations
 
+import signal
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -82,3 +84,20 @@ def test_bad_arguments_name_the_value() -> None:
         CoordinatorThread(object())  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match=r"before start\(\)"):
         thread.request_shutdown("SIGTERM")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_coordinator_thread_leaves_the_process_signals_to_the_main_thread(
+    running: tuple[CoordinatorThread, GracefulMiddleware],
+) -> None:
+    """A SIGTERM the kernel gave the coordinator's thread would not interrupt the main
+    thread's sleep in the app (a sync worker would hear of it after the request)."""
+    thread, _ = running
+    assert thread._thread is not None
+    tid = thread._thread.native_id
+    with open(f"/proc/self/task/{tid}/status", encoding="ascii") as status:
+        blocked = int(next(line for line in status if line.startswith("SigBlk:")).split()[1], 16)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        assert blocked & (1 << (sig - 1)), f"{sig.name} not blocked in the coordinator thread"
+    main = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    assert signal.SIGTERM not in main  # the calling (main) thread is left as it was
