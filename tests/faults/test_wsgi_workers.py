@@ -132,10 +132,15 @@ def test_kept_alive_connections_at_sigterm(harness: Harness, record: Callable[[s
     assert code == 0
 
 
-@pytest.mark.parametrize("relay_late_s", [0, 0.3], ids=["relayed", "relayed-late"])
+#: How late the master's relay may reach the worker for the worker to still exit before
+#: SIGKILL with room to spare (it exits 0.75 s before the deadline it counts itself).
+RELAY_LATE_AT_MOST_S = 0.5
+
+
+@pytest.mark.parametrize("relay_late_s", [None, 0.3], ids=["relayed", "relayed-late"])
 @pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
 def test_request_past_the_kill_deadline(
-    harness: Harness, record: Callable[[str], None], worker: str, relay_late_s: float
+    harness: Harness, record: Callable[[str], None], worker: str, relay_late_s: float | None
 ) -> None:
     """A request in flight at SIGTERM that would outlive --graceful-timeout 3: the
     worker ends the process before the master's SIGKILL, and says so — also when the
@@ -150,10 +155,18 @@ def test_request_past_the_kill_deadline(
     client.request("/slow?s=60", "stuck")
     server.wait_for_line(r"started stuck")
     began = time.monotonic()
-    with stopped(pid):
+    if relay_late_s is None:
         server.signal(signal.SIGTERM)
-        wait_for(lambda: signal_pending(pid, signal.SIGTERM), 10, f"SIGTERM pending in {pid}")
-        time.sleep(relay_late_s)  # the scenario: the relay is this late
+    else:
+        with stopped(pid):
+            began = time.monotonic()
+            server.signal(signal.SIGTERM)
+            wait_for(lambda: signal_pending(pid, signal.SIGTERM), 10, f"SIGTERM pending in {pid}")
+            time.sleep(relay_late_s)  # the scenario: the relay is this late
+        late = time.monotonic() - began
+        if late > RELAY_LATE_AT_MOST_S:  # the test itself was that slow to resume it
+            server.wait_exit(15)
+            pytest.skip(f"the machine is too loaded: the worker resumed {late:.2f} s late")
     code = server.wait_exit(15)
     watchdog = server.has_line(r"still alive at the last moment before SIGKILL")
     record(
