@@ -190,8 +190,9 @@ def close_keeping_backlog(
     the listening sockets stay open, so nothing queued in the kernel is reset either.
 
     Returns:
-        A future of the close (done at once when no hand-over is pending); its result
-        are the tasks serving the backlog.
+        A future of the close (done at once when no hand-over is pending and no
+        handshake of a sealed listener is under way); its result are the tasks serving
+        the backlog.
     """
     servers = list(servers)
     extra = list(extra_sockets)
