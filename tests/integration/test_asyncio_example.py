@@ -126,12 +126,7 @@ def test_accept_backlog_is_served_not_reset(start: Start) -> None:
     server.signal(signal.SIGTERM)
     try:
         for sock in socks:
-            data = b""
-            while b"hello\n" not in data:
-                chunk = sock.recv(4096)
-                assert chunk, f"connection closed without a response: {data!r}"
-                data += chunk
-            assert data.startswith(b"HTTP/1.1 200 OK")
+            assert_hello(sock)
     finally:
         for sock in socks:
             sock.close()
@@ -152,6 +147,16 @@ def test_bad_policy_value_exits_2(options: list[str], message: str) -> None:
         assert message in server.output()
     finally:
         server.stop()
+
+
+def assert_hello(sock: socket.socket) -> None:
+    """Read ``sock``'s response: a 200 with the body ``hello``."""
+    data = b""
+    while b"hello\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, f"connection closed without a response: {data!r}"
+        data += chunk
+    assert data.startswith(b"HTTP/1.1 200 OK")
 
 
 def _state(sock: socket.socket) -> int:
@@ -184,12 +189,7 @@ def test_handshake_under_way_at_the_close_is_served(start: Start) -> None:
 
         wait_until(sealed, "the listener sealed")
         client.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-        data = b""
-        while b"hello\n" not in data:
-            chunk = client.recv(4096)
-            assert chunk, f"connection closed without a response: {data!r}"
-            data += chunk
-        assert data.startswith(b"HTTP/1.1 200 OK")
+        assert_hello(client)
     finally:
         client.close()
         for probe in probes:
