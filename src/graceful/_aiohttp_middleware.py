@@ -14,7 +14,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from aiohttp import WSCloseCode, hdrs, web
@@ -25,6 +25,9 @@ from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from ._tracking import is_probe
 from .asgi import DrainSignal
+
+if TYPE_CHECKING:
+    from ._aiohttp_hot import HotPath
 
 __all__ = ("DRAIN_SIGNAL_KEY", "Middleware", "drain_signal", "setup")
 
@@ -104,6 +107,11 @@ class Middleware:
         self.websocket_close_grace_s = float(websocket_close_grace_s)
         #: Route handlers that are not counted as requests (the health endpoints).
         self.uncounted: set[Callable[..., object]] = set()
+        #: Their paths: graceful's ``AppRunner`` calls the middleware before aiohttp
+        #: resolved the route (``graceful._aiohttp_hot``).
+        self.uncounted_paths: set[str] = set()
+        #: The runner's hot path, if the middleware is out of the application's chain.
+        self.hot: HotPath | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
@@ -118,10 +126,14 @@ class Middleware:
         self._nudging = self.coordinator.nudging
         self._classifying = phase is Phase.ACCEPTING
 
+    def _uncounted(self, request: web.Request) -> bool:
+        """Whether ``request`` goes to a route that is not counted (a health route)."""
+        if self.hot is not None:  # out of the chain: called before aiohttp routes
+            return request.path in self.uncounted_paths
+        return request.match_info.handler in self.uncounted
+
     def _first_request(self, request: web.Request) -> None:
-        probe = request.match_info.handler in self.uncounted or is_probe(
-            request.headers.get(hdrs.USER_AGENT)
-        )
+        probe = self._uncounted(request) or is_probe(request.headers.get(hdrs.USER_AGENT))
         transport = request.transport
         peer = None if transport is None else transport.get_extra_info("peername")
         key = tuple(peer[:2]) if isinstance(peer, tuple) else None
@@ -130,7 +142,7 @@ class Middleware:
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if self._classifying:
             self._first_request(request)
-        if self.uncounted and request.match_info.handler in self.uncounted:
+        if self.uncounted and self._uncounted(request):
             return await handler(request)
         if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
             return await self._websocket(request, handler)
@@ -148,7 +160,7 @@ class Middleware:
             return response
         except asyncio.CancelledError:
             if c.cutting and not _started(request, state):
-                await self._cut(request)
+                await self.answer_cut(request)
             raise
         finally:
             self._request_finished(sampled)
@@ -189,11 +201,18 @@ class Middleware:
             task.cancel(msg="graceful: stopping")
         await asyncio.wait(tasks, timeout=max(timeout_s, 0.001))
 
-    async def _cut(self, request: web.Request) -> None:
-        """Answer a request cancelled while stopping with 503 + ``Connection: close``.
+    def adopt_task(self, task: asyncio.Task[Any]) -> None:
+        """Cut ``task`` with the requests of the middleware's own (a request the hot
+        path started and the coordinator adopted)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-        Shielded from the cancellation being delivered, bounded by the time stopping has
-        left; the caller re-raises the cancellation (then aiohttp closes the connection).
+    async def answer_cut(self, request: web.BaseRequest) -> None:
+        """Answer a request cut while stopping with 503 + ``Connection: close``.
+
+        Shielded from a cancellation being delivered, bounded by the time stopping has
+        left; a caller in the request's task re-raises the cancellation (then aiohttp
+        closes the connection).
         """
         c = self.coordinator
         logger.warning("request %s cut: %s", request.path, c.statistics().reason)
@@ -227,7 +246,7 @@ class Middleware:
                     return await handler(request)
                 except asyncio.CancelledError:
                     if c.cutting and not _started(request, state):
-                        await self._cut(request)
+                        await self.answer_cut(request)
                     raise
                 finally:
                     if state.closing and not closer.done():
@@ -272,6 +291,11 @@ class Middleware:
 
     # --------------------------------------------------------------------- health
 
+    def not_a_request(self) -> None:
+        """A health route's handler starts: the hot path does not count it."""
+        if self.hot is not None:
+            self.hot.uncount()
+
     def _respond(self, status: int, text: str) -> web.Response:
         response = _text(status, text)
         if self.coordinator.nudging:
@@ -281,14 +305,17 @@ class Middleware:
     async def readiness(self, request: web.Request) -> web.Response:
         """200 while serving, 503 from the moment shutdown is requested (with
         ``readiness_on_shutdown="keep"``: from draining on)."""
+        self.not_a_request()
         return self._respond(*_health.readiness(self.coordinator, self.readiness_on_shutdown))
 
     async def liveness(self, request: web.Request) -> web.Response:
         """200 until stopped."""
+        self.not_a_request()
         return self._respond(*_health.liveness(self.coordinator))
 
     async def prestop(self, request: web.Request) -> web.Response:
         """Request shutdown; answer once the drain is done (or at its deadline)."""
+        self.not_a_request()
         return self._respond(*await _health.prestop_done(self.coordinator))
 
 
@@ -381,6 +408,7 @@ def setup(
         if path is not None and handler is not None:
             app.router.add_get(path, handler, name=f"graceful-{name}")
             middleware.uncounted.add(handler)
+            middleware.uncounted_paths.add(path)
     app[DRAIN_SIGNAL_KEY] = DrainSignal(coordinator)
     app[_MIDDLEWARE_KEY] = middleware
     return middleware
@@ -396,6 +424,7 @@ def _metrics_handler(middleware: Middleware, path: str | None) -> Handler | None
     exposition = metrics.Exposition(middleware.coordinator)
 
     async def serve_metrics(request: web.Request) -> web.StreamResponse:
+        middleware.not_a_request()
         status, body, content_type = await exposition.render_retrying(
             request.headers.get(hdrs.ACCEPT, ""), request.query.getall("name[]", [])
         )

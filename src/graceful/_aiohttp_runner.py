@@ -36,7 +36,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from typing_extensions import final
 
-from ._aiohttp_middleware import setup
+from ._aiohttp_hot import HotPath
+from ._aiohttp_middleware import Middleware, setup
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, _check_seconds
@@ -159,6 +160,8 @@ class AppRunner(web.AppRunner):
             metrics_path=metrics_path,
             readiness_on_shutdown=readiness_on_shutdown,
         )
+        self._hot: HotPath | None = None
+        self._hot_wanted = _take_out_of_chain(app, self.middleware, self._hot_requests)
         self._handovers = Handovers(coordinator)
         self._open: set[RequestHandler] = set()
         self._adopted: dict[web.BaseSite, asyncio.AbstractServer] = {}
@@ -175,9 +178,19 @@ class AppRunner(web.AppRunner):
 
     # -------------------------------------------------------------- setting up
 
+    def _hot_requests(self) -> tuple[int, int]:
+        """The coordinator's request source: the hot path's requests."""
+        return (0, 0) if self._hot is None else self._hot.requests()
+
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         self._loop = asyncio.get_running_loop()
+        if self._hot_wanted:
+            # Each connection reads the server's request_handler when it is made.
+            self._hot = HotPath(self.middleware, server.request_handler)
+            self._hot.on = not self.coordinator.shutdown_requested
+            server.request_handler = self._hot.request_handler
+            self.middleware.hot = self._hot
         server.__class__ = _TrackingServer
         tracking = cast(_TrackingServer, server)
         tracking._graceful_runner = self
@@ -284,6 +297,11 @@ class _Shape(ServerShape):
         self.runner.adopt_sites()  # sites started since the last phase change
         super().on_phase(phase)
 
+    def shutdown_requested(self) -> None:
+        hot = self.runner._hot
+        if hot is not None:
+            hot.adopt(self.coordinator)
+
     def close_listeners(self) -> None:
         runner = self.runner
         runner._close_listeners([(s, runner._tls.get(site)) for site, s in runner._adopted.items()])
@@ -315,8 +333,35 @@ class _Shape(ServerShape):
             logger.error("on_shutdown timed out after %.3g s, abandoned", limit)
 
     async def cut(self, timeout_s: float) -> None:
+        """The adopted requests' 503s (if any), then the middleware's cut."""
+        hot = self.runner._hot
+        if hot is not None and hot.adopted:
+            await hot.answer_cut(timeout_s / 2)
+            timeout_s /= 2
         await self.runner.middleware.cut(timeout_s=timeout_s)
 
     def close_connections(self) -> None:
         for handler in list(self.runner._open):
             handler.force_close()
+
+
+def _take_out_of_chain(app: web.Application, middleware: Middleware, source: Any) -> bool:
+    """Take ``middleware`` out of ``app``'s chain for the hot path
+    (``graceful._aiohttp_hot``), if it is the outermost and the coordinator takes the
+    hot path's request source; ``False`` leaves it where it is."""
+    chain = app.middlewares
+    inside = middleware in chain
+    if inside and (app.frozen or chain[0] is not middleware):
+        return False  # another middleware runs before it: keep the order
+    try:
+        middleware.coordinator.add_request_source(source)
+    except RuntimeError:  # another server counts for this coordinator
+        if not inside:
+            raise RuntimeError(
+                "the application's graceful middleware was taken out of its chain by "
+                "another runner of the same coordinator"
+            ) from None
+        return False
+    if inside:
+        chain.remove(middleware)
+    return True

@@ -26,14 +26,18 @@ hooks run on the server's event loop (asyncio or trio: waits use anyio).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import anyio
 
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 
-__all__ = ("ServerShape",)
+__all__ = ("ServerShape", "called_from", "finisher")
 
 logger = logging.getLogger("graceful")
 
@@ -165,3 +169,25 @@ class ServerShape:
             await self.lifespan_shutdown()
         if scope.cancelled_caught:
             logger.error("lifespan shutdown did not finish within %.3g s; abandoned", left)
+
+
+def called_from(code: Any) -> bool:
+    """Whether a frame of ``code`` is on the current call stack (a running coroutine's
+    frames link to the ones that resumed it)."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def finisher(
+    coordinator: ShutdownCoordinator, sampled: float | None
+) -> Callable[[asyncio.Task[Any]], None]:
+    """A done callback that reports the end of an adopted request."""
+
+    def finished(task: asyncio.Task[Any]) -> None:
+        coordinator.request_finished(sampled)
+
+    return finished

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -22,7 +21,7 @@ from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
 from ._listeners import close_keeping_backlog
-from ._shape import ServerShape
+from ._shape import ServerShape, called_from, finisher
 from .asgi import ASGIApp, GracefulMiddleware
 
 if TYPE_CHECKING:
@@ -162,28 +161,6 @@ class HotPath:
             return middleware(scope, receive, send)
 
         return graceful
-
-
-def called_from(code: Any) -> bool:
-    """Whether a frame of ``code`` is on the current call stack (a running coroutine's
-    frames link to the ones that resumed it)."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def finisher(
-    coordinator: ShutdownCoordinator, sampled: float | None
-) -> Callable[[asyncio.Task[Any]], None]:
-    """A done callback that reports the end of an adopted request."""
-
-    def finished(task: asyncio.Task[Any]) -> None:
-        coordinator.request_finished(sampled)
-
-    return finished
 
 
 @final

@@ -312,3 +312,49 @@ def test_metrics_route_follows_the_drain(servers: list[ServerProcess]) -> None:
     assert m["graceful_phase[draining]"] == 1
     assert slow.response()[0] == 200
     assert server.wait_exit() == 0
+
+
+# --------------------------------------------------------------------- hot path
+
+
+def test_hot_path_requests_are_counted_then_adopted(servers: list[ServerProcess]) -> None:
+    """graceful's runner serves requests past its middleware while nothing shuts down
+    (``graceful._aiohttp_hot``): each is still counted, the health and metrics routes
+    are not, a request running at SIGTERM is adopted (in flight until it ends, and
+    the drain waits for it), the app still finds its drain signal; after SIGTERM the
+    middleware serves and counts."""
+    pytest.importorskip("prometheus_client")
+    server = ServerProcess(
+        [sys.executable, "-m", "tests.integration.metrics_apps.aiohttp_app", "--port", "0"]
+    )
+    servers.append(server)
+    server.port = int(server.wait_for_line(r"Running on http://127\.0\.0\.1:(\d+)")[1])
+
+    def metric(name: str) -> float:
+        status, _, body = RawHTTP(server.port).get("/metrics")
+        assert status == 200
+        found = re.search(rf"(?m)^{name} (\S+)$", body.decode())
+        assert found, body
+        return float(found[1])
+
+    client = RawHTTP(server.port)
+    for _ in range(3):
+        assert client.get("/")[0] == 200
+    assert client.get("/readyz")[0] == 200
+    assert client.get("/livez")[0] == 200
+    assert metric("graceful_requests_total") == 3  # not the health routes, not /metrics
+    assert metric("graceful_requests_in_flight") == 0
+    slow = RawHTTP(server.port)
+    slow.send("/slow?s=2")
+    server.wait_for_line(r"slow request started")
+    assert metric("graceful_requests_in_flight") == 1  # counted where it runs
+    assert metric("graceful_requests_total") == 4
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(ACCEPTING)
+    assert metric("graceful_requests_in_flight") == 1  # adopted
+    assert client.get("/")[0] == 200  # through the middleware now
+    assert metric("graceful_requests_total") == 5
+    assert metric("graceful_requests_after_shutdown_total") == 1
+    assert slow.response()[:1] == (200,)
+    assert server.wait_exit() == 0
+    assert "slow request started" in server.output()

@@ -1,0 +1,78 @@
+"""Where graceful's aiohttp middleware sits: out of the application's chain under
+graceful's ``AppRunner`` (its hot path, ``graceful._aiohttp_hot``), in it otherwise.
+
+What the hot path does to requests is tested against a real server in
+``tests/integration/test_aiohttp.py`` and ``test_server_matrix.py``; these cases only
+say which chain an application ends up with."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+pytest.importorskip("aiohttp")
+
+from aiohttp import web
+
+import graceful
+import graceful.aiohttp
+from graceful._aiohttp_middleware import Middleware
+
+
+async def mine(request: web.Request, handler: Any) -> web.StreamResponse:
+    return await handler(request)
+
+
+mine.__middleware_version__ = 1  # type: ignore[attr-defined]
+
+
+def graceful_middlewares(app: web.Application) -> list[object]:
+    return [m for m in app.middlewares if isinstance(m, Middleware)]
+
+
+def test_the_runner_takes_its_middleware_out_of_the_chain() -> None:
+    app = web.Application(middlewares=[mine])
+    runner = graceful.aiohttp.AppRunner(app, coordinator=graceful.ShutdownCoordinator())
+    assert list(app.middlewares) == [mine]
+    assert isinstance(runner.middleware, Middleware)
+
+
+def test_a_set_up_application_keeps_its_middleware_for_other_runners() -> None:
+    app = web.Application()
+    middleware = graceful.aiohttp.setup(app, coordinator=graceful.ShutdownCoordinator())
+    assert list(app.middlewares) == [middleware]  # stock web.run_app runs it
+
+
+def test_a_middleware_placed_after_another_stays_in_the_chain() -> None:
+    coordinator = graceful.ShutdownCoordinator()
+    ours = Middleware(coordinator)
+    app = web.Application(middlewares=[mine, ours])
+    runner = graceful.aiohttp.AppRunner(app, coordinator=coordinator)
+    assert runner.middleware is ours
+    assert list(app.middlewares) == [mine, ours]  # the order the user chose is kept
+
+
+def test_the_hot_path_is_the_servers_request_handler() -> None:
+    async def main() -> None:
+        app = web.Application()
+        runner = graceful.aiohttp.AppRunner(app, coordinator=graceful.ShutdownCoordinator())
+        await runner.setup()
+        try:
+            server = runner.server
+            assert server is not None
+            assert server.request_handler.__name__ == "dispatch"
+            assert not app.middlewares  # aiohttp runs no middleware machinery
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+def test_a_second_runner_of_the_coordinator_keeps_the_middleware_in_the_chain() -> None:
+    coordinator = graceful.ShutdownCoordinator()
+    graceful.aiohttp.AppRunner(web.Application(), coordinator=coordinator)
+    app = web.Application()
+    runner = graceful.aiohttp.AppRunner(app, coordinator=coordinator)
+    assert graceful_middlewares(app) == [runner.middleware]
