@@ -27,6 +27,9 @@ per-request work of its own, which shows the measurement's own spread.
 ``--server hypercorn`` (``hypercorn-trio``): ``hypercorn.asyncio.serve`` (``hypercorn.trio
 .serve``) against ``graceful.hypercorn.run``, h11; ``--server aiohttp``:
 ``aiohttp.web.run_app`` against ``graceful.aiohttp.run_app``.  Same app, same clients.
+``--server aiohttp-dispatch`` and ``aiohttp-prepare`` measure aiohttp's seams on stock
+aiohttp (see ``OTHER_SERVERS``): a ``request_handler`` dispatcher, and one no-op
+``on_response_prepare`` receiver on top of it.
 """
 
 from __future__ import annotations
@@ -85,6 +88,39 @@ OTHER_SERVERS = {
         "host='127.0.0.1', port={port}, print=None, access_log=None, "
         "policy=graceful.RefuseImmediately(), loop=asyncio.new_event_loop())",
     },
+}
+# aiohttp's seams, measured on stock aiohttp: what a request_handler dispatcher costs
+# (``aiohttp-dispatch``: stock against stock with a dispatcher like graceful's hot path),
+# and what one no-op on_response_prepare receiver adds to that (``aiohttp-prepare``).
+_AIOHTTP_STOCK = (
+    "import asyncio; from aiohttp import web; from benchmarks.apps import aiohttp_app; "
+    "app = aiohttp_app(); loop = asyncio.new_event_loop()\n"
+)
+_AIOHTTP_DISPATCH = (
+    "make_server = web.AppRunner._make_server\n"
+    "async def with_dispatcher(self):\n"
+    "    server = await make_server(self)\n"
+    "    handle, started = server.request_handler, [0]\n"
+    "    def dispatch(request):\n"
+    "        started[0] += 1\n"
+    "        return handle(request)\n"
+    "    server.request_handler = dispatch\n"
+    "    return server\n"
+    "web.AppRunner._make_server = with_dispatcher\n"
+)
+_AIOHTTP_RECEIVER = (
+    "async def receiver(request, response): pass\napp.on_response_prepare.append(receiver)\n"
+)
+_AIOHTTP_RUN = (
+    "web.run_app(app, host='127.0.0.1', port={port}, print=None, access_log=None, loop=loop)"
+)
+OTHER_SERVERS["aiohttp-dispatch"] = {
+    "bare": _AIOHTTP_STOCK + _AIOHTTP_RUN,
+    "graceful": _AIOHTTP_STOCK + _AIOHTTP_DISPATCH + _AIOHTTP_RUN,
+}
+OTHER_SERVERS["aiohttp-prepare"] = {
+    "bare": _AIOHTTP_STOCK + _AIOHTTP_DISPATCH + _AIOHTTP_RUN,
+    "graceful": _AIOHTTP_STOCK + _AIOHTTP_DISPATCH + _AIOHTTP_RECEIVER + _AIOHTTP_RUN,
 }
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
 

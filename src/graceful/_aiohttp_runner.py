@@ -5,7 +5,9 @@ kernel's hand-over, closes its sites' listeners at *draining* without resetting 
 backlog (``graceful._listeners``), closes idle keep-alive connections, and runs
 ``on_shutdown`` and ``on_cleanup`` when the phases say; ``_Shape`` is how it follows
 them (``graceful._shape``).  It installs the request side,
-``graceful._aiohttp_middleware``, if the application was not set up.
+``graceful._aiohttp_middleware``, if the application was not set up, and takes the
+middleware out of the application's chain for its hot path (``graceful._aiohttp_hot``:
+the server's public ``request_handler`` is a dispatcher).
 
 Reaches below aiohttp's public API
 ----------------------------------
