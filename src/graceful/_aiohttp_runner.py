@@ -39,7 +39,8 @@ from aiohttp.web_protocol import RequestHandler
 from typing_extensions import final
 
 from ._aiohttp_hot import HotPath
-from ._aiohttp_middleware import Middleware, setup
+from ._aiohttp_middleware import Middleware
+from ._aiohttp_setup import setup
 from ._coordinator import ShutdownCoordinator
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase, _check_seconds

@@ -43,11 +43,11 @@ from aiohttp.typedefs import PathLike
 from aiohttp.web_log import AccessLogger
 
 from . import _logging
-from ._aiohttp_middleware import DRAIN_SIGNAL_KEY as DRAIN_SIGNAL_KEY
 from ._aiohttp_middleware import Middleware as Middleware
-from ._aiohttp_middleware import drain_signal as drain_signal
-from ._aiohttp_middleware import setup as setup
 from ._aiohttp_runner import AppRunner as AppRunner
+from ._aiohttp_setup import DRAIN_SIGNAL_KEY as DRAIN_SIGNAL_KEY
+from ._aiohttp_setup import drain_signal as drain_signal
+from ._aiohttp_setup import setup as setup
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, Policy, _check_seconds
 from ._signals import teardown_guard

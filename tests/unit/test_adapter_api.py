@@ -55,6 +55,8 @@ OPTIONAL_ADAPTERS = (
     "_hypercorn_trio.py",
     "aiohttp.py",
     "_aiohttp_middleware.py",
+    "_aiohttp_setup.py",
+    "_aiohttp_hot.py",
     "_aiohttp_runner.py",
     "kubernetes.py",
     "metrics.py",
