@@ -11,22 +11,24 @@ header test, one integer per request, no coroutine of its own — and calls the
 middleware around that handler otherwise, and for every websocket upgrade.
 
 The requests the hot path started are counted where they run: each is a task whose
-awaited coroutines include the application's handler and not the middleware
-(``HotPath.running``).  At the shutdown request (the coordinator's first phase change)
-``adopt`` reports those still running to the coordinator, each until its task ends, and
-turns the hot path off for good.  The middleware's ``on_response_prepare`` receiver
-nudges their responses like any other; at the cut, those whose response had not started
-get the middleware's 503 before they are cancelled (the request is found among the
-locals of the task's coroutines, by type).
+awaited coroutines include the application's handler and not the middleware, serving a
+request (found among the locals of its coroutines, by type) on one of the runner's
+connections to a path that is no health route (``HotPath.running``).  At the shutdown
+request (the coordinator's first phase change) ``adopt`` turns the hot path off for
+good and reports those still running to the coordinator, each until its task ends.
+The middleware's ``on_response_prepare`` receiver nudges their responses like any other
+and notes which began; at the cut, those whose response had not begun are cancelled
+and answered 503 in the same step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from typing import Any, cast
 
+import anyio
 from aiohttp import hdrs, web
 from typing_extensions import final
 
@@ -84,17 +86,37 @@ class HotPath:
         middleware: The runner's middleware, out of the application's chain.
         handle: The ``request_handler`` aiohttp's server was made with (the
             application's).
+        connections: The runner's open connections (aiohttp's request handlers): a
+            task serving a request on another connection is another server's.
+        loop: The loop the server runs on.
     """
 
-    __slots__ = ("adopted", "handle", "middleware", "on", "request_handler", "started")
+    __slots__ = (
+        "adopted",
+        "connections",
+        "handle",
+        "loop",
+        "middleware",
+        "on",
+        "request_handler",
+        "started",
+    )
 
-    def __init__(self, middleware: Middleware, handle: Handler) -> None:
+    def __init__(
+        self,
+        middleware: Middleware,
+        handle: Handler,
+        connections: Container[object],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.middleware = middleware
         self.handle = handle
+        self.connections = connections
+        self.loop = loop
         self.on = True  # until the first phase change
         self.started = 0  # requests it started (less those adopted, less probes)
-        #: The requests adopted at the shutdown request: their tasks and requests.
-        self.adopted: list[tuple[asyncio.Task[Any], web.BaseRequest | None]] = []
+        #: The requests adopted at the shutdown request, with their tasks.
+        self.adopted: list[tuple[asyncio.Task[Any], web.BaseRequest]] = []
         self.request_handler = self._dispatcher()
 
     def _dispatcher(self) -> Handler:
@@ -108,10 +130,18 @@ class HotPath:
 
         return dispatch
 
-    def running(self) -> list[asyncio.Task[Any]]:
-        """The tasks of the hot path's requests still running (not the health routes')."""
+    def running(self) -> list[tuple[asyncio.Task[Any], web.BaseRequest]]:
+        """The hot path's requests still running, with their tasks: a task awaiting the
+        application's handler and not the middleware, serving a request on one of the
+        runner's connections to a path that is no health route.  Empty off the loop."""
+        try:
+            if asyncio.get_running_loop() is not self.loop:
+                return []
+        except RuntimeError:
+            return []
         handle_code = _code(self.handle)
-        skip = {_code(type(self.middleware).__call__), *map(_code, self.middleware.uncounted)}
+        middleware_code = _code(type(self.middleware).__call__)
+        health = self.middleware.uncounted_paths
         current = asyncio.current_task()
         found = []
         for task in asyncio.all_tasks():
@@ -121,8 +151,13 @@ class HotPath:
                 codes = _stack_codes()
             else:
                 codes = {getattr(c, "cr_code", None) for c in _awaited(task)}
-            if handle_code in codes and skip.isdisjoint(codes):
-                found.append(task)
+            if handle_code not in codes or middleware_code in codes:
+                continue
+            request = _request_of(task)
+            if request is None or request.protocol not in self.connections:
+                continue  # another application's (the same code serves every one)
+            if request.path not in health:
+                found.append((task, request))
         return found
 
     def requests(self) -> tuple[int, int]:
@@ -136,32 +171,44 @@ class HotPath:
             self.started -= 1
 
     def adopt(self, coordinator: ShutdownCoordinator) -> None:
-        """Shutdown was requested: report the requests in flight to the coordinator,
-        each until its task ends, let the middleware cut them; later requests take the
-        middleware."""
+        """Shutdown was requested: later requests take the middleware; those in flight
+        are reported to the coordinator, each until its task ends, and cut with the
+        middleware's (on the server's loop: from another thread, soon)."""
         if not self.on:
             return
-        running = self.running()
         self.on = False
+        self.middleware.responding = set()
+        try:
+            here = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            here = False
+        if here:
+            self._adopt(coordinator)
+        elif not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._adopt, coordinator)
+
+    def _adopt(self, coordinator: ShutdownCoordinator) -> None:
+        running = self.running()
         self.started -= len(running)  # counted by the coordinator from now on
-        for task in running:
+        for task, request in running:
             task.add_done_callback(finisher(coordinator, coordinator.request_started()))
             self.middleware.adopt_task(task)
-            self.adopted.append((task, _request_of(task)))
+            self.adopted.append((task, request))
 
     async def answer_cut(self, timeout_s: float) -> None:
-        """The 503 of each adopted request still running whose response has not
-        started (before the cut cancels them), within ``timeout_s``."""
-        answer = [
-            request
-            for task, request in self.adopted
-            if request is not None and not task.done() and not _response_started(request)
-        ]
-        if answer:
-            await asyncio.wait(
-                [asyncio.ensure_future(self.middleware.answer_cut(r)) for r in answer],
-                timeout=max(timeout_s, 0.001),
-            )
+        """Cut each adopted request still running whose response has not started, and
+        answer it 503, within ``timeout_s``.
+
+        The task is cancelled first and the 503 written in the same step: the handler
+        cannot write after it, and aiohttp's close of the connection, once the
+        cancellation reached the handler, flushes it."""
+        responding = self.middleware.responding or set()
+        with anyio.move_on_after(max(timeout_s, 0.001)):
+            for task, request in self.adopted:
+                if task.done() or id(request) in responding or _response_started(request):
+                    continue
+                task.cancel(msg="graceful: stopping")
+                await self.middleware.answer_cut(request)
 
 
 def _response_started(request: web.BaseRequest) -> bool:

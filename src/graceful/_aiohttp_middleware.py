@@ -109,6 +109,9 @@ class Middleware:
         self.uncounted_paths: set[str] = set()
         #: The runner's hot path, if the middleware is out of the application's chain.
         self.hot: HotPath | None = None
+        #: Once the hot path adopted its requests: the ids of the requests without a
+        #: state of the middleware's (the adopted ones) whose response began.
+        self.responding: set[int] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
@@ -184,6 +187,8 @@ class Middleware:
             return
         if state is not None:
             state.started = True
+        elif (responding := self.responding) is not None:
+            responding.add(id(request))
         if self._nudging and response.keep_alive:
             response.force_close()
             response.headers[hdrs.CONNECTION] = "close"

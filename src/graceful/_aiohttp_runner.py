@@ -23,7 +23,11 @@ Reaches below aiohttp's public API
 * The ``aiohttp.web.Server`` the runner creates is given a subclass that overrides
   two *public* methods (``__call__`` and ``connection_lost``): its class is switched
   after aiohttp built it, as ``graceful._listeners`` does for listening sockets,
-  because ``AppRunner`` offers no way to choose the class.
+  because ``AppRunner`` offers no way to choose the class; and the hot path's
+  dispatcher as its public ``request_handler``.
+* The hot path (``graceful._aiohttp_hot``) relies on how aiohttp runs a request: in a
+  task of its own, awaiting the ``request_handler``'s coroutine; the request is found
+  among that task's coroutines' locals, by type.
 No aiohttp module or class is patched.
 """
 
@@ -190,7 +194,7 @@ class AppRunner(web.AppRunner):
         self._loop = asyncio.get_running_loop()
         if self._hot_wanted:
             # Each connection reads the server's request_handler when it is made.
-            self._hot = HotPath(self.middleware, server.request_handler)
+            self._hot = HotPath(self.middleware, server.request_handler, self._open, self._loop)
             self._hot.on = not self.coordinator.shutdown_requested
             server.request_handler = self._hot.request_handler
             self.middleware.hot = self._hot

@@ -358,3 +358,26 @@ def test_hot_path_requests_are_counted_then_adopted(servers: list[ServerProcess]
     assert slow.response()[:1] == (200,)
     assert server.wait_exit() == 0
     assert "slow request started" in server.output()
+
+
+def test_another_application_on_the_loop_is_not_counted(servers: list[ServerProcess]) -> None:
+    """The hot path finds its requests among the loop's tasks: a request of another
+    aiohttp application on the same loop (a stock ``AppRunner`` beside graceful's) is
+    not counted, not waited for and not cut."""
+    command, _ = aiohttp_command("runner", {"policy": "refuse-immediately"})
+    server = ServerProcess([*command, "--stock-beside"])
+    servers.append(server)
+    aiohttp_ready(server, "runner")
+    beside = int(server.wait_for_line(r"stock beside on http://127\.0\.0\.1:(\d+)")[1])
+    other = RawHTTP(beside)
+    other.send("/slow?s=30")
+    server.wait_for_line(r"slow request started")
+    mine = RawHTTP(server.port)
+    mine.send("/slow?s=1")
+    server.wait_for_line(r"slow request started \(1 s\)")
+    server.signal(signal.SIGTERM)
+    # Only graceful's request is in flight, and the drain ends with it.
+    server.wait_for_line(r"serving -> accepting: SIGTERM \(1 connection, 1 request;")
+    assert mine.response()[0] == 200
+    server.wait_for_line(r"draining -> stopping: drained")
+    assert server.wait_exit() == 0

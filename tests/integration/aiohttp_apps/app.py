@@ -2,6 +2,7 @@
 
     python -m tests.integration.aiohttp_apps.app run_app --port 0 --policy accept-until-idle
     python -m tests.integration.aiohttp_apps.app runner ...   # own AppRunner + TCPSite
+        [--stock-beside]   # and a stock AppRunner serving the app on another port
     python -m tests.integration.aiohttp_apps.app stock ...    # aiohttp.web.run_app
     gunicorn tests.integration.aiohttp_apps.app:app -k graceful._aiohttp_worker.AiohttpWorker
 
@@ -134,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=60.0, help="stock only")
     parser.add_argument("--backlog", type=int, default=128)
     parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument(
+        "--stock-beside",
+        action="store_true",
+        help="runner only: also serve the app with a stock aiohttp AppRunner on another port",
+    )
     return parser
 
 
@@ -152,14 +158,21 @@ async def serve_with_runner(args: argparse.Namespace, coordinator: object) -> No
         prestop_path=args.prestop_path,
     )
     await runner.setup()
+    stock = web.AppRunner(make_app(), handle_signals=False, shutdown_timeout=0.5)
     try:
         site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=args.backlog)
         await site.start()
+        if args.stock_beside:  # another application on the same loop, not graceful's
+            await stock.setup()
+            beside = web.TCPSite(stock, "127.0.0.1", 0)
+            await beside.start()
+            say(f"stock beside on {beside.name}")
         async with anyio.create_task_group() as tg:
             await tg.start(coordinator.run)  # returns once the signal handlers are in place
             say(f"======== Running on {site.name} ========")
     finally:
         await runner.cleanup()
+        await stock.cleanup()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
