@@ -34,9 +34,11 @@ from hyperframe.frame import GoAwayFrame
 
 from ._coordinator import ShutdownCoordinator
 from ._hypercorn_connection import _Connection, _TCPServer
+from ._hypercorn_hot import HotPath
 from ._policy import Phase
 from ._shape import ServerShape
 from ._signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred
+from .asgi import GracefulMiddleware
 
 logger = logging.getLogger("graceful")
 
@@ -56,7 +58,7 @@ class _Worker(ServerShape):
 
     def __init__(
         self,
-        app: AppWrapper,
+        app: AppWrapper | GracefulMiddleware,
         config: Config,
         *,
         coordinator: ShutdownCoordinator,
@@ -66,13 +68,24 @@ class _Worker(ServerShape):
         idle_grace_s: float,
     ) -> None:
         super().__init__(coordinator, idle_grace_s=idle_grace_s)
-        self._app = app
         self._config = config
         self._c = coordinator
         self._sockets = sockets
         self._trigger = shutdown_trigger
         self._quick_signals = quick_signals
         self._connections: set[_Connection] = set()
+        #: The hot path (``graceful._hypercorn_hot``), for an ASGI app behind the middleware.
+        self.hot: HotPath | None = None
+        if isinstance(app, GracefulMiddleware):
+            self.hot = HotPath(app, self._connections)
+            try:
+                coordinator.add_request_source(self.hot.requests)
+            except RuntimeError:  # another server counts for this coordinator
+                self.hot.on = False
+            if coordinator.shutdown_requested:
+                self.hot.on = False
+            app = self.hot.app
+        self._app: AppWrapper = app
         self._lifespan_state: dict[str, Any] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self.started = False
@@ -106,6 +119,8 @@ class _Worker(ServerShape):
             await self._listen(sockets)
             unsubscribe = self._c.subscribe(self.on_phase)
             self._c.add_stopping_step(self.finish)
+            if self._c.shutdown_requested and self.hot is not None:
+                self.hot.adopt(self._c)  # requested while starting: nothing ran hot yet
             self.listeners_opened()
             try:
                 async with anyio.create_task_group() as tg:
@@ -177,6 +192,12 @@ class _Worker(ServerShape):
 
     def _closed(self, conn: _Connection) -> None:
         self._connections.discard(conn)
+        if conn.adopted:
+            HotPath.finish(self._c, conn, closed=True)
+
+    def connection_closing(self, conn: _Connection) -> None:
+        """hypercorn closes ``conn``: its adopted requests ended."""
+        HotPath.finish(self._c, conn, closed=True)
 
     def _now(self) -> float:
         """The event loop's clock (also from loop callbacks, where anyio cannot tell)."""
@@ -192,6 +213,8 @@ class _Worker(ServerShape):
         c = self._c
         if not c.shutdown_requested:
             return
+        if conn.adopted:  # every stream's end makes an Updated event
+            HotPath.finish(c, conn, closed=False)
         proto = conn.h2()
         if not idle:
             if proto is None:
@@ -303,6 +326,8 @@ class _Worker(ServerShape):
 
     def shutdown_requested(self) -> None:
         self.watching = True
+        if self.hot is not None:
+            self.hot.adopt(self._c)
         for conn in self._connections:  # new streams from here on are activity
             proto = conn.h2()
             if proto is not None:
@@ -310,9 +335,12 @@ class _Worker(ServerShape):
 
     def nudge(self) -> None:
         """HTTP/2 connections get GOAWAY once idle (HTTP/1.1 responses are nudged by
-        the middleware); at draining ``close_idle`` sees to them instead."""
+        the middleware, and by hypercorn for requests adopted from the hot path); at
+        draining ``close_idle`` sees to them instead."""
         for conn in self._connections:
             conn.before_nudge = True
+            if conn.adopted:
+                HotPath.nudge(conn, self._config.keep_alive_max_requests)
         tg = self._tg
         if tg is None or self._c.draining:
             return
@@ -334,7 +362,11 @@ class _Worker(ServerShape):
     async def cut(self, timeout_s: float) -> None:
         """hypercorn's own shutdown semantics from here — idle connections close at
         once, HTTP/1.1 connections are not recycled, new HTTP/2 streams are refused —
-        then what still runs is cut."""
+        then what still runs is cut (requests adopted from the hot path whose response
+        has not started are answered 503 first)."""
+        if self.hot is not None:
+            await self.hot.answer_cut(timeout_s / 2)
+            timeout_s /= 2
         await self._context.terminated.set()
         busy = sum(conn.busy and not conn.closing for conn in self._connections)
         if busy:

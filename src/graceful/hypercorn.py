@@ -63,7 +63,8 @@ WORKER_CLASSES: Final = ("asyncio", "uvloop", "trio")
 
 @final
 class _GracefulApp:
-    """hypercorn's WSGI app wrapper behind ``GracefulMiddleware`` (ASGI apps: ``_asgi_app``).
+    """hypercorn's WSGI app wrapper behind ``GracefulMiddleware`` (ASGI apps:
+    ``graceful._hypercorn_hot``).
 
     hypercorn calls apps with two extra arguments (``sync_spawn``, ``call_soon``) that
     differ per connection; the middleware speaks plain ASGI.  The extras travel through
@@ -99,23 +100,6 @@ class _GracefulApp:
             self._extras.reset(token)
 
 
-def _asgi_app(middleware: GracefulMiddleware) -> AppWrapper:
-    """hypercorn's app for an ASGI app: like hypercorn's ``ASGIWrapper`` (which drops
-    ``sync_spawn`` and ``call_soon``), but a plain function returning the middleware's
-    coroutine, so graceful adds no coroutine of its own per request."""
-
-    def graceful(
-        scope: Scope,
-        receive: ASGIReceiveCallable,
-        send: ASGISendCallable,
-        sync_spawn: Callable[..., Any],
-        call_soon: Callable[..., Any],
-    ) -> Awaitable[None]:
-        return middleware(scope, receive, send)  # type: ignore[arg-type]
-
-    return graceful  # type: ignore[return-value]
-
-
 # --------------------------------------------------------------------- public
 
 
@@ -145,7 +129,10 @@ def _app_wrapper(
     wrap_app: bool,
     mode: Literal["asgi", "wsgi"] | None,
     middleware_options: dict[str, Any],
-) -> AppWrapper:
+) -> AppWrapper | GracefulMiddleware:
+    """hypercorn's app: an ASGI app behind the middleware is returned as the middleware
+    (the worker's hot path, ``graceful._hypercorn_hot``, calls it), a WSGI app wrapped
+    in ``_GracefulApp``, an unwrapped app as hypercorn wraps it."""
     if isinstance(app, str):
         inner = load_application(app, config.wsgi_max_body_size)
     else:
@@ -154,8 +141,7 @@ def _app_wrapper(
         return inner
     if type(inner) is ASGIWrapper:  # an ASGI app: it ignores the two extras
         app_ = cast(Any, inner.app)
-        middleware = GracefulMiddleware(app_, coordinator=coordinator, **middleware_options)
-        return _asgi_app(middleware)
+        return GracefulMiddleware(app_, coordinator=coordinator, **middleware_options)
     return _GracefulApp(
         inner,
         lambda asgi: GracefulMiddleware(asgi, coordinator=coordinator, **middleware_options),

@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -422,3 +423,61 @@ def test_a_wsgi_app_is_tracked_and_drained(servers: list[ServerProcess], worker:
     assert client.response()[::2] == (200, b"slow done after 1 s\n")
     assert server.wait_exit() == 0
     assert not server.has_line(r"Traceback|ERROR")
+
+
+# --------------------------------------------------------------------- hot path
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_hot_path_request_in_flight_is_counted_then_adopted(loop: str) -> None:
+    """graceful's hypercorn server hands HTTP requests to the app past the middleware
+    while nothing shuts down (``graceful._hypercorn_hot``): a request running there is
+    in flight for the metrics (found in hypercorn's streams), is adopted at SIGTERM —
+    the drain waits for it, and its client gets its answer with ``Connection: close``
+    from hypercorn — the app still finds its drain signal, health and metrics routes
+    are not counted, and a request started after SIGTERM takes the middleware: the
+    total counts each request once."""
+    pytest.importorskip("prometheus_client")
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    command = [
+        sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0",
+        "--server", "hypercorn", "--loop", loop, "--metrics-path", "/metrics",
+        "--policy", "accept-until-idle", "--idle", "5", "--grace-period", "30",
+    ]  # fmt: skip
+    server = ServerProcess(command)
+    try:
+        server.port = int(server.wait_for_line(HYPERCORN_RUNNING)[1])
+
+        def metric(name: str) -> float:
+            status, _, body = RawHTTP(server.port).get("/metrics")
+            assert status == 200
+            found = re.search(rf"(?m)^{name} (\S+)$", body.decode())
+            assert found, body
+            return float(found[1])
+
+        client = RawHTTP(server.port)
+        assert client.get("/signal")[::2] == (200, b"draining=False\n")
+        assert client.get("/readyz")[0] == 200
+        assert metric("graceful_requests_total") == 1  # not the health routes, not /metrics
+        slow = RawHTTP(server.port)
+        slow.send("/slow?s=1.5")
+        server.wait_for_line(r"slow request started")
+        assert metric("graceful_requests_in_flight") == 1
+        server.signal(signal.SIGTERM)
+        server.wait_for_line(ACCEPTING)
+        assert metric("graceful_requests_in_flight") == 1  # adopted
+        other = RawHTTP(server.port)
+        assert other.get("/")[::2] == (200, b"hello\n")  # the middleware's path
+        status, headers, _ = slow.response()
+        assert status == 200
+        assert headers["connection"] == "close"  # nudged: its response had not started
+        # Finished once hypercorn closed the stream, which may follow the last byte.
+        deadline = time.monotonic() + 5
+        while metric("graceful_requests_in_flight") != 0:
+            assert time.monotonic() < deadline, "the adopted request is still in flight"
+        assert metric("graceful_requests_total") == 3
+        assert server.wait_exit() == 0
+    finally:
+        RawHTTP.close_all()
+        server.stop()

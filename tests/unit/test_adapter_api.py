@@ -53,6 +53,7 @@ OPTIONAL_ADAPTERS = (
     "_hypercorn_connection.py",
     "_hypercorn_asyncio.py",
     "_hypercorn_trio.py",
+    "_hypercorn_hot.py",
     "aiohttp.py",
     "_aiohttp_middleware.py",
     "_aiohttp_setup.py",
