@@ -43,11 +43,9 @@ class _Connection:
         idle_since: When it last became idle (loop clock).
         watched: A task waits to close it once its idle window is over.
         closing: It is being closed by this module.
-        adopted: The hot path's requests in progress at the shutdown request.
     """
 
     __slots__ = (
-        "adopted",
         "before_nudge",
         "busy",
         "closing",
@@ -71,9 +69,6 @@ class _Connection:
         self.idle_since = now
         self.watched = False
         self.closing = False
-        #: Requests the hot path started, adopted at the shutdown request (their
-        #: hypercorn streams and the coordinator's samples): ``graceful._hypercorn_hot``.
-        self.adopted: list[tuple[Any, float | None]] = []
 
     def idle(self) -> bool:
         """No request or stream in progress (HTTP/2: checked on the protocol too)."""
@@ -125,10 +120,7 @@ def _graceful_tcp_server(base: type[Any]) -> type[Any]:
                 if self._graceful_worker.watching:  # only once shutdown was requested
                     return self._graceful_updated(event, idle)
             elif kind is Closed:
-                conn = self.graceful_connection
-                conn.closing = True
-                if conn.adopted:
-                    self._graceful_worker.connection_closing(conn)
+                self.graceful_connection.closing = True
             return super().protocol_send(event)  # type: ignore[no-any-return]
 
         async def _graceful_updated(self, event: Event, idle: bool) -> None:

@@ -10,34 +10,41 @@ lifespan, health routes, every request once shutdown was requested).  The
 ``DrainSignal`` reaches the application through the lifespan state, which hypercorn
 copies into every request's scope (``scope["state"]["graceful"]``).
 
-The requests in flight are counted where hypercorn keeps them: each connection's
-streams (HTTP/1.1: the protocol's current stream; HTTP/2: its stream table), an
-``HTTPStream`` whose ``closed`` is false is a request in progress.  At the shutdown
-request (the coordinator's first phase change) ``adopt`` turns the hot path off for
-good and reports those to the coordinator; each is finished when hypercorn next reports
-its connection (a busy/idle change, which every stream's end makes, or the close).
-When nudging begins an adopted HTTP/1.1 request whose response has not started gets
+The requests in flight are counted where hypercorn runs them: each application call is
+a task of its own (asyncio's, or trio's, found from the root task) whose coroutine holds
+the worker's hypercorn ``Config`` and the request's scope; one that has started and does
+not run through the middleware is the hot path's (``HotPath.running``).  At the shutdown
+request (the coordinator's first phase change) ``adopt`` turns the hot path off for good
+and reports those to the coordinator, each until its application call returns — as the
+middleware counts (a response sent, background work after it still counts).  When
+nudging begins, an adopted HTTP/1.1 request whose response has not started gets
 ``Connection: close`` from hypercorn itself: its connection's ``keep_alive_requests``
-is raised to ``config.keep_alive_max_requests``, the limit at which hypercorn closes
-the connection after the response (HTTP/2 connections get a GOAWAY, as before).  At
-the cut, an adopted request whose response has not started is answered 503 through its
-stream's ``app_send`` before it is cancelled.
+is raised to ``config.keep_alive_max_requests``, the limit at which hypercorn closes the
+connection after the response (HTTP/2 connections get a GOAWAY, as before).  At the
+cut, an adopted request whose response has not started is answered 503 through its
+stream's ``app_send`` before the connections are cancelled.
 
-hypercorn's names read here (public attributes of its protocol objects, each guarded):
-``ProtocolWrapper.protocol``, ``H11Protocol.stream`` and ``keep_alive_requests``,
-``H2Protocol.streams``, ``HTTPStream.closed``, ``state``, ``scope`` and ``app_send``.
+hypercorn's (and h11's, h2's) names read here, public attributes of their objects, each
+guarded: ``ProtocolWrapper.protocol``, ``H11Protocol.stream``, ``connection`` and
+``keep_alive_requests``, ``H2Protocol.streams`` and ``connection``, ``HTTPStream.scope``,
+``closed``, ``stream_id`` and ``app_send``, h11's ``our_state``, h2's
+``H2Connection.streams`` and a stream's ``state_machine.headers_sent``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import anyio
+import h11
+from hypercorn.config import Config
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
+from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.typing import AppWrapper
 from typing_extensions import final
 
@@ -49,10 +56,47 @@ __all__ = ("HotPath",)
 
 logger = logging.getLogger("graceful")
 
+_POLL_S = 0.02  # trio: how often adopted requests are checked for their end
+
 
 def _protocol(conn: _Connection) -> Any:
     """The connection's HTTP protocol object (hypercorn swaps it on an HTTP/2 upgrade)."""
     return getattr(getattr(conn.server, "protocol", None), "protocol", None)
+
+
+def _chain(coroutine: Any) -> list[Any]:
+    """The coroutines ``coroutine`` awaits, itself first."""
+    chain = []
+    while coroutine is not None:
+        chain.append(coroutine)
+        coroutine = getattr(coroutine, "cr_await", None)
+    return chain
+
+
+def _stack_codes() -> set[Any]:
+    codes = set()
+    frame = inspect.currentframe()
+    while frame is not None:
+        codes.add(frame.f_code)
+        frame = frame.f_back
+    return codes
+
+
+def _ended(coroutine: Any) -> bool:
+    return getattr(coroutine, "cr_frame", None) is None
+
+
+@final
+class _Adopted:
+    """A request the hot path started, adopted at the shutdown request."""
+
+    __slots__ = ("coroutine", "finished", "sampled", "scope")
+
+    def __init__(self, coroutine: Any, scope: dict[str, Any], sampled: float | None) -> None:
+        self.coroutine = coroutine  # hypercorn's application call
+        self.scope = scope
+        self.sampled = sampled
+        self.finished = False
 
 
 @final
@@ -62,15 +106,27 @@ class HotPath:
     Args:
         middleware: The middleware around the application.
         connections: The worker's open connections.
+        config: The worker's hypercorn configuration (each application call holds it).
+        trio: The worker runs on trio (else asyncio).
     """
 
-    __slots__ = ("app", "connections", "middleware", "on", "started")
+    __slots__ = ("adopted", "app", "config", "connections", "middleware", "on", "started", "trio")
 
-    def __init__(self, middleware: GracefulMiddleware, connections: Iterable[_Connection]) -> None:
+    def __init__(
+        self,
+        middleware: GracefulMiddleware,
+        connections: Iterable[_Connection],
+        config: Config,
+        *,
+        trio: bool,
+    ) -> None:
         self.middleware = middleware
         self.connections = connections
+        self.config = config
+        self.trio = trio
         self.on = True  # until the first phase change
         self.started = 0  # requests it started (less those adopted)
+        self.adopted: list[_Adopted] = []
         self.app: AppWrapper = self._dispatcher()
 
     def _dispatcher(self) -> AppWrapper:
@@ -91,78 +147,166 @@ class HotPath:
 
         return graceful  # type: ignore[return-value]
 
-    def streams(self, conn: _Connection) -> list[HTTPStream]:
-        """The requests in progress on ``conn`` that the hot path may have started."""
-        protocol = _protocol(conn)
-        candidates: list[Any]
-        if isinstance(protocol, H2Protocol):
-            candidates = list(protocol.streams.values())
-        elif isinstance(protocol, H11Protocol):
-            candidates = [protocol.stream]
-        else:
-            return []
+    # ------------------------------------------------------------ what it started
+
+    def _tasks(self) -> Iterator[tuple[Any, Any, bool]]:
+        """``(task, its coroutine, whether it is the current task)`` for every task of
+        the loop (trio: the tree from the root task).  Nothing outside it."""
+        if self.trio:
+            import trio
+
+            try:
+                root = trio.lowlevel.current_root_task()
+                current = trio.lowlevel.current_task()
+            except RuntimeError:
+                return
+            todo = [] if root is None else [root]
+            while todo:
+                task = todo.pop()
+                yield task, task.coro, task is current
+                for nursery in task.child_nurseries:
+                    todo.extend(nursery.child_tasks)
+            return
+        try:
+            current_task = asyncio.current_task()
+            tasks = asyncio.all_tasks()
+        except RuntimeError:
+            return
+        for asyncio_task in tasks:
+            if not asyncio_task.done():
+                yield asyncio_task, asyncio_task.get_coro(), asyncio_task is current_task
+
+    def _scope_of(self, coroutine: Any) -> dict[str, Any] | None:
+        """The HTTP scope an application call of this worker holds, if it is one."""
+        frame = getattr(coroutine, "cr_frame", None)
+        if frame is None:
+            return None
+        values = list(frame.f_locals.values())
+        if not any(value is self.config for value in values):
+            return None
+        for value in values:
+            if type(value) is dict and value.get("type") == "http":
+                return value
+        return None
+
+    def running(self) -> list[tuple[Any, Any, dict[str, Any]]]:
+        """The hot path's requests still running: ``(task, coroutine, scope)`` of each
+        application call of this worker that started (a task not yet run takes the
+        middleware once it runs, if the hot path is off by then), does not run through
+        the middleware and is no health route's."""
+        middleware_code = type(self.middleware).__call__.__code__
         special = self.middleware.health_endpoints
         found = []
-        for stream in candidates:
-            if type(stream) is not HTTPStream or stream.closed:
+        for task, coroutine, current in self._tasks():
+            if current:
+                codes = _stack_codes()
+            else:
+                chain = _chain(coroutine)
+                if len(chain) < 2:  # not started, or awaiting nothing of an app
+                    continue
+                codes = {getattr(c, "cr_code", None) for c in chain}
+            if middleware_code in codes:
                 continue
-            scope = getattr(stream, "scope", None)
+            scope = self._scope_of(coroutine)
             if scope is not None and scope.get("path") not in special:
-                found.append(stream)
+                found.append((task, coroutine, scope))
         return found
 
     def requests(self) -> tuple[int, int]:
         """The coordinator's request source: ``(in_flight, started)``."""
-        if not self.on:
-            return 0, self.started
-        return sum(len(self.streams(conn)) for conn in list(self.connections)), self.started
+        return (len(self.running()) if self.on else 0), self.started
 
-    def adopt(self, coordinator: ShutdownCoordinator) -> None:
+    # ------------------------------------------------------------- the shutdown
+
+    def adopt(self, coordinator: ShutdownCoordinator) -> bool:
         """Shutdown was requested: later requests take the middleware; those in flight
-        are reported to the coordinator until ``finish`` sees them end."""
+        are reported to the coordinator until their application call returns.  Returns
+        whether ``poll_finished`` must run (trio tasks have no done callback)."""
         if not self.on:
-            return
+            return False
         self.on = False
+        for task, coroutine, scope in self.running():
+            self.started -= 1  # counted by the coordinator from now on
+            adopted = _Adopted(coroutine, scope, coordinator.request_started())
+            self.adopted.append(adopted)
+            if not self.trio:
+                task.add_done_callback(lambda _, a=adopted: self._finish(coordinator, a))
+        return self.trio and bool(self.adopted)
+
+    def _finish(self, coordinator: ShutdownCoordinator, adopted: _Adopted) -> None:
+        if not adopted.finished:
+            adopted.finished = True
+            coordinator.request_finished(adopted.sampled)
+
+    async def poll_finished(self, coordinator: ShutdownCoordinator) -> None:
+        """trio: report each adopted request's end, checking every ``_POLL_S``."""
+        while True:
+            running = False
+            for adopted in self.adopted:
+                if not adopted.finished:
+                    if _ended(adopted.coroutine):
+                        self._finish(coordinator, adopted)
+                    else:
+                        running = True
+            if not running:
+                return
+            await anyio.sleep(_POLL_S)
+
+    def _stream_of(self, scope: dict[str, Any]) -> tuple[Any, HTTPStream] | None:
+        """The protocol and stream serving ``scope``, while hypercorn has them."""
         for conn in list(self.connections):
-            for stream in self.streams(conn):
-                self.started -= 1  # counted by the coordinator from now on
-                conn.adopted.append((stream, coordinator.request_started()))
-
-    @staticmethod
-    def finish(coordinator: ShutdownCoordinator, conn: _Connection, *, closed: bool) -> None:
-        """hypercorn reported ``conn`` (a busy/idle change, or its close): report the
-        end of its adopted requests that ended."""
-        left = []
-        for stream, sampled in conn.adopted:
-            if closed or stream.closed:
-                coordinator.request_finished(sampled)
+            protocol = _protocol(conn)
+            if isinstance(protocol, H2Protocol):
+                candidates: list[Any] = list(protocol.streams.values())
+            elif isinstance(protocol, H11Protocol):
+                candidates = [protocol.stream]
             else:
-                left.append((stream, sampled))
-        conn.adopted = left
+                continue
+            for stream in candidates:
+                if type(stream) is HTTPStream and getattr(stream, "scope", None) is scope:
+                    return protocol, stream
+        return None
 
     @staticmethod
-    def nudge(conn: _Connection, keep_alive_max_requests: int) -> None:
-        """An adopted HTTP/1.1 request whose response has not started closes its
+    def _response_started(protocol: Any, stream: HTTPStream) -> bool:
+        """Whether the response's headers were handed to h11/h2 (synchronously, before
+        hypercorn's own state follows)."""
+        try:
+            if isinstance(protocol, H11Protocol):
+                return protocol.connection.our_state is not h11.SEND_RESPONSE
+            h2_stream = protocol.connection.streams.get(stream.stream_id)
+            return h2_stream is None or bool(h2_stream.state_machine.headers_sent)
+        except AttributeError:  # a hypercorn or h2 release without these: assume it did
+            return True
+
+    def nudge(self) -> None:
+        """Adopted HTTP/1.1 requests whose response has not started close their
         connection after it, with ``Connection: close`` (hypercorn's own limit)."""
-        protocol = _protocol(conn)
-        if not isinstance(protocol, H11Protocol):
-            return
-        for stream, _ in conn.adopted:
-            if stream.state is ASGIHTTPState.REQUEST and not stream.closed:
+        for adopted in self.adopted:
+            found = None if adopted.finished else self._stream_of(adopted.scope)
+            if found is None:
+                continue
+            protocol, stream = found
+            if isinstance(protocol, H11Protocol) and not self._response_started(protocol, stream):
                 protocol.keep_alive_requests = max(
-                    protocol.keep_alive_requests, keep_alive_max_requests
+                    protocol.keep_alive_requests, self.config.keep_alive_max_requests
                 )
 
-    async def answer_cut(self, timeout_s: float) -> None:
-        """The 503 of each adopted request whose response has not started (before the
-        cut cancels it; no middleware around it would send it), within ``timeout_s``."""
-        answer = [
-            stream
-            for conn in list(self.connections)
-            for stream, _ in conn.adopted
-            if stream.state is ASGIHTTPState.REQUEST and not stream.closed
-        ]
+    def to_answer(self) -> list[HTTPStream]:
+        """The streams of adopted requests still running whose response has not started."""
+        streams = []
+        for adopted in self.adopted:
+            found = None if adopted.finished else self._stream_of(adopted.scope)
+            if found is not None:
+                protocol, stream = found
+                if not stream.closed and not self._response_started(protocol, stream):
+                    streams.append(stream)
+        return streams
+
+    async def answer_cut(self, streams: list[HTTPStream], timeout_s: float) -> None:
+        """The 503 of each of ``streams`` (before the cut cancels them; no middleware
+        around them would send it), together, within ``timeout_s``."""
         with anyio.move_on_after(max(timeout_s, 0.001)):
-            for stream in answer:
-                if stream.state is ASGIHTTPState.REQUEST and not stream.closed:
-                    await self.middleware.cut(stream.scope, stream.app_send)
+            async with anyio.create_task_group() as tg:
+                for stream in streams:
+                    tg.start_soon(self.middleware.cut, stream.scope, stream.app_send)  # type: ignore[arg-type]

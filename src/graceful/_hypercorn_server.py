@@ -56,6 +56,8 @@ class _Worker(ServerShape):
     (and uvloop) or trio.
     """
 
+    _on_trio = False  # the backend: trio, or asyncio
+
     def __init__(
         self,
         app: AppWrapper | GracefulMiddleware,
@@ -77,7 +79,7 @@ class _Worker(ServerShape):
         #: The hot path (``graceful._hypercorn_hot``), for an ASGI app behind the middleware.
         self.hot: HotPath | None = None
         if isinstance(app, GracefulMiddleware):
-            self.hot = HotPath(app, self._connections)
+            self.hot = HotPath(app, self._connections, config, trio=self._on_trio)
             try:
                 coordinator.add_request_source(self.hot.requests)
             except RuntimeError:  # another server counts for this coordinator
@@ -192,12 +194,6 @@ class _Worker(ServerShape):
 
     def _closed(self, conn: _Connection) -> None:
         self._connections.discard(conn)
-        if conn.adopted:
-            HotPath.finish(self._c, conn, closed=True)
-
-    def connection_closing(self, conn: _Connection) -> None:
-        """hypercorn closes ``conn``: its adopted requests ended."""
-        HotPath.finish(self._c, conn, closed=True)
 
     def _now(self) -> float:
         """The event loop's clock (also from loop callbacks, where anyio cannot tell)."""
@@ -213,8 +209,6 @@ class _Worker(ServerShape):
         c = self._c
         if not c.shutdown_requested:
             return
-        if conn.adopted:  # every stream's end makes an Updated event
-            HotPath.finish(c, conn, closed=False)
         proto = conn.h2()
         if not idle:
             if proto is None:
@@ -326,8 +320,9 @@ class _Worker(ServerShape):
 
     def shutdown_requested(self) -> None:
         self.watching = True
-        if self.hot is not None:
-            self.hot.adopt(self._c)
+        hot = self.hot
+        if hot is not None and hot.adopt(self._c) and self._tg is not None:
+            self._tg.start_soon(hot.poll_finished, self._c)
         for conn in self._connections:  # new streams from here on are activity
             proto = conn.h2()
             if proto is not None:
@@ -339,8 +334,8 @@ class _Worker(ServerShape):
         draining ``close_idle`` sees to them instead."""
         for conn in self._connections:
             conn.before_nudge = True
-            if conn.adopted:
-                HotPath.nudge(conn, self._config.keep_alive_max_requests)
+        if self.hot is not None:
+            self.hot.nudge()
         tg = self._tg
         if tg is None or self._c.draining:
             return
@@ -364,8 +359,9 @@ class _Worker(ServerShape):
         once, HTTP/1.1 connections are not recycled, new HTTP/2 streams are refused —
         then what still runs is cut (requests adopted from the hot path whose response
         has not started are answered 503 first)."""
-        if self.hot is not None:
-            await self.hot.answer_cut(timeout_s / 2)
+        answer = [] if self.hot is None else self.hot.to_answer()
+        if self.hot is not None and answer:
+            await self.hot.answer_cut(answer, timeout_s / 2)
             timeout_s /= 2
         await self._context.terminated.set()
         busy = sum(conn.busy and not conn.closing for conn in self._connections)

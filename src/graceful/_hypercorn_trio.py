@@ -41,6 +41,8 @@ def _trio_tcp_server() -> type[Any]:
 class _TrioWorker(_Worker):
     """trio: our own accept loop on the stdlib sockets, one nursery for connections."""
 
+    _on_trio = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         import trio

@@ -28,7 +28,7 @@ to learn that draining began and how long is left, so they can end the stream cl
 It is put in the lifespan ``state`` (servers copy it into every request's
 ``scope["state"]``: ``scope["state"]["graceful"]``) and, by the middleware, in
 ``scope["extensions"]["graceful"]`` — deprecated for direct reading: graceful's uvicorn
-server does not put it there on its hot path.
+and hypercorn servers do not put it there on their hot paths.
 
 Health endpoints (configurable paths, ``None`` disables one):
 

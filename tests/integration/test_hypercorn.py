@@ -481,3 +481,27 @@ def test_hot_path_request_in_flight_is_counted_then_adopted(loop: str) -> None:
     finally:
         RawHTTP.close_all()
         server.stop()
+
+
+@pytest.mark.parametrize("worker", WORKERS)
+def test_work_after_the_response_is_waited_for(servers: list[ServerProcess], worker: str) -> None:
+    """A request whose app works on after its response (a background task), running on
+    the hot path at SIGTERM, is in flight until the app returns — as the middleware
+    counts — so the drain waits for its work instead of cutting it."""
+    if worker == "uvloop":
+        pytest.importorskip("uvloop")
+    server = hypercorn_launch(
+        "--app", "tests.integration.hypercorn_apps.asgi_app:app",
+        "--policy", "refuse-immediately", worker=worker,
+    )  # fmt: skip
+    servers.append(server)
+    client = RawHTTP(server.port)
+    assert client.get("/after?s=1.5")[::2] == (200, b"sent\n")
+    server.wait_for_line(r"work after the response started")
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(r"serving -> accepting: SIGTERM \(\d+ connections?, 1 request")
+    done = server.wait_for_line(r"work after the response done")
+    drained = server.wait_for_line(r"draining -> stopping: drained")
+    lines = server.output().splitlines()
+    assert lines.index(done.string) < lines.index(drained.string), server.output()
+    assert server.wait_exit() == 0

@@ -2,8 +2,9 @@
 matrix's ASGI rows (``graceful run`` and ``graceful.hypercorn``).
 
 ``/ws?stubborn=1`` accepts the websocket and then never receives, sends or returns: only
-a cut ends it (as ``/ws?stubborn=1`` of the aiohttp test app).  Everything else goes to
-the example app unchanged, lifespan included.
+a cut ends it (as ``/ws?stubborn=1`` of the aiohttp test app).  ``/after?s=1`` answers at
+once and works on for a second after its response (a background task).  Everything else
+goes to the example app unchanged, lifespan included.
 """
 
 from __future__ import annotations
@@ -15,7 +16,24 @@ import anyio
 from examples.asgi_app import app as example_app
 
 
+async def work_after_the_response(scope: Any, send: Any) -> None:
+    """Answer at once, then work on (what a background task does) for ``?s=`` seconds."""
+    seconds = float(scope.get("query_string", b"s=1").decode().partition("=")[2] or 1)
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]}
+    )
+    await send({"type": "http.response.body", "body": b"sent\n"})
+    sys.stdout.write("work after the response started\n")
+    sys.stdout.flush()
+    await anyio.sleep(seconds)
+    sys.stdout.write("work after the response done\n")
+    sys.stdout.flush()
+
+
 async def app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "http" and scope["path"] == "/after":
+        await work_after_the_response(scope, send)
+        return
     if scope["type"] == "websocket" and b"stubborn=1" in scope.get("query_string", b""):
         await receive()  # websocket.connect
         await send({"type": "websocket.accept"})
