@@ -10,24 +10,25 @@ lifespan, health routes, every request once shutdown was requested).  The
 ``DrainSignal`` reaches the application through the lifespan state, which hypercorn
 copies into every request's scope (``scope["state"]["graceful"]``).
 
-The requests in flight are counted where hypercorn runs them: each application call is
-a task of its own (asyncio's, or trio's, found from the root task) whose coroutine holds
-the worker's hypercorn ``Config`` and the request's scope; one that has started and does
-not run through the middleware is the hot path's (``HotPath.running``).  At the shutdown
-request (the coordinator's first phase change) ``adopt`` turns the hot path off for good
-and reports those to the coordinator, each until its application call returns — as the
+The requests in flight are counted where hypercorn runs them: each application call is a
+task of its own (asyncio's, or trio's, found from the root task) with a coroutine
+(hypercorn's own, possibly under a task factory's wrapper) that holds the worker's
+hypercorn ``Config`` and the request's scope; one that is running the app and not
+through the middleware is the hot path's (``HotPath.running``).  At the shutdown request
+(the coordinator's first phase change) ``adopt`` turns the hot path off for good and
+reports those to the coordinator, each until its application call returns — as the
 middleware counts (a response sent, background work after it still counts).  When
 nudging begins, an adopted HTTP/1.1 request whose response has not started gets
-``Connection: close`` from hypercorn itself: its connection's ``keep_alive_requests``
-is raised to ``config.keep_alive_max_requests``, the limit at which hypercorn closes the
-connection after the response (HTTP/2 connections get a GOAWAY, as before).  At the
-cut, an adopted request whose response has not started is answered 503 through its
-stream's ``app_send`` before the connections are cancelled.
+``Connection: close`` from hypercorn itself: its connection's ``keep_alive_requests`` is
+raised to ``config.keep_alive_max_requests``, the limit at which hypercorn closes the
+connection after the response (HTTP/2 connections get a GOAWAY, as before).  At the cut,
+an adopted request whose response has not started is answered 503 through its stream's
+``app_send`` before the connections are cancelled.
 
 hypercorn's (and h11's, h2's) names read here, public attributes of their objects, each
 guarded: ``ProtocolWrapper.protocol``, ``H11Protocol.stream``, ``connection`` and
 ``keep_alive_requests``, ``H2Protocol.streams`` and ``connection``, ``HTTPStream.scope``,
-``closed``, ``stream_id`` and ``app_send``, h11's ``our_state``, h2's
+``closed``, ``state``, ``stream_id`` and ``app_send``, h11's ``our_state``, h2's
 ``H2Connection.streams`` and a stream's ``state_machine.headers_sent``.
 """
 
@@ -44,7 +45,7 @@ import h11
 from hypercorn.config import Config
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.protocol.http_stream import HTTPStream
+from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.typing import AppWrapper
 from typing_extensions import final
 
@@ -73,13 +74,13 @@ def _chain(coroutine: Any) -> list[Any]:
     return chain
 
 
-def _stack_codes() -> set[Any]:
-    codes = set()
+def _stack_frames() -> list[Any]:
+    frames = []
     frame = inspect.currentframe()
     while frame is not None:
-        codes.add(frame.f_code)
+        frames.append(frame)
         frame = frame.f_back
-    return codes
+    return frames
 
 
 def _ended(coroutine: Any) -> bool:
@@ -157,9 +158,12 @@ class HotPath:
 
             try:
                 root = trio.lowlevel.current_root_task()
-                current = trio.lowlevel.current_task()
-            except RuntimeError:
+            except RuntimeError:  # not in trio's thread
                 return
+            try:
+                current = trio.lowlevel.current_task()
+            except RuntimeError:  # a trio callback, not a task
+                current = None
             todo = [] if root is None else [root]
             while todo:
                 task = todo.pop()
@@ -176,9 +180,9 @@ class HotPath:
             if not asyncio_task.done():
                 yield asyncio_task, asyncio_task.get_coro(), asyncio_task is current_task
 
-    def _scope_of(self, coroutine: Any) -> dict[str, Any] | None:
-        """The HTTP scope an application call of this worker holds, if it is one."""
-        frame = getattr(coroutine, "cr_frame", None)
+    def _scope_in(self, frame: Any) -> dict[str, Any] | None:
+        """The HTTP scope ``frame`` holds if it is one of this worker's application
+        calls (hypercorn's, which holds the worker's ``Config`` and the scope)."""
         if frame is None:
             return None
         values = list(frame.f_locals.values())
@@ -198,16 +202,26 @@ class HotPath:
         special = self.middleware.health_endpoints
         found = []
         for task, coroutine, current in self._tasks():
+            scope = None
             if current:
-                codes = _stack_codes()
-            else:
-                chain = _chain(coroutine)
-                if len(chain) < 2:  # not started, or awaiting nothing of an app
+                frames = _stack_frames()
+                if any(f.f_code is middleware_code for f in frames):
                     continue
-                codes = {getattr(c, "cr_code", None) for c in chain}
-            if middleware_code in codes:
-                continue
-            scope = self._scope_of(coroutine)
+                for frame in frames:
+                    scope = self._scope_in(frame)
+                    if scope is not None:
+                        break
+            else:
+                # The application call may sit below a wrapper (a task factory's): the
+                # coroutine holding the scope, awaiting the app, anywhere in the chain.
+                chain = _chain(coroutine)
+                if any(getattr(c, "cr_code", None) is middleware_code for c in chain):
+                    continue
+                for awaiting in chain:
+                    if getattr(awaiting, "cr_await", None) is not None:
+                        scope = self._scope_in(getattr(awaiting, "cr_frame", None))
+                        if scope is not None:
+                            break
             if scope is not None and scope.get("path") not in special:
                 found.append((task, coroutine, scope))
         return found
@@ -292,21 +306,35 @@ class HotPath:
                     protocol.keep_alive_requests, self.config.keep_alive_max_requests
                 )
 
-    def to_answer(self) -> list[HTTPStream]:
-        """The streams of adopted requests still running whose response has not started."""
-        streams = []
+    def to_answer(self) -> list[tuple[Any, HTTPStream]]:
+        """``(protocol, stream)`` of the adopted requests still running whose response
+        has not started."""
+        found = []
         for adopted in self.adopted:
-            found = None if adopted.finished else self._stream_of(adopted.scope)
-            if found is not None:
-                protocol, stream = found
-                if not stream.closed and not self._response_started(protocol, stream):
-                    streams.append(stream)
-        return streams
+            serving = None if adopted.finished else self._stream_of(adopted.scope)
+            if serving is not None and self._unanswered(*serving):
+                found.append(serving)
+        return found
 
-    async def answer_cut(self, streams: list[HTTPStream], timeout_s: float) -> None:
+    def _unanswered(self, protocol: Any, stream: HTTPStream) -> bool:
+        return (
+            not stream.closed
+            and stream.state is ASGIHTTPState.REQUEST
+            and not self._response_started(protocol, stream)
+        )
+
+    async def answer_cut(self, streams: list[tuple[Any, HTTPStream]], timeout_s: float) -> None:
         """The 503 of each of ``streams`` (before the cut cancels them; no middleware
-        around them would send it), together, within ``timeout_s``."""
+        around them would send it), together; each send is bounded by the middleware's
+        ``cut`` (at most a second, and ``exit_by``), the wait for them by ``timeout_s``."""
+
+        async def answer(protocol: Any, stream: HTTPStream) -> None:
+            # Checked again with nothing awaited until the 503's headers reach h11/h2:
+            # the app may have started its response meanwhile.
+            if self._unanswered(protocol, stream):
+                await self.middleware.cut(stream.scope, stream.app_send)  # type: ignore[arg-type]
+
         with anyio.move_on_after(max(timeout_s, 0.001)):
             async with anyio.create_task_group() as tg:
-                for stream in streams:
-                    tg.start_soon(self.middleware.cut, stream.scope, stream.app_send)  # type: ignore[arg-type]
+                for protocol, stream in streams:
+                    tg.start_soon(answer, protocol, stream)

@@ -122,7 +122,7 @@ class _Worker(ServerShape):
             unsubscribe = self._c.subscribe(self.on_phase)
             self._c.add_stopping_step(self.finish)
             if self._c.shutdown_requested and self.hot is not None:
-                self.hot.adopt(self._c)  # requested while starting: nothing ran hot yet
+                self.hot.on = False  # requested while starting: nothing ran hot yet
             self.listeners_opened()
             try:
                 async with anyio.create_task_group() as tg:

@@ -345,7 +345,7 @@ def test_hot_path_requests_are_counted_then_adopted(servers: list[ServerProcess]
     assert metric("graceful_requests_total") == 3  # not the health routes, not /metrics
     assert metric("graceful_requests_in_flight") == 0
     slow = RawHTTP(server.port)
-    slow.send("/slow?s=2")
+    slow.send("/slow?s=4")  # still running once SIGTERM is handled, even under load
     server.wait_for_line(r"slow request started")
     assert metric("graceful_requests_in_flight") == 1  # counted where it runs
     assert metric("graceful_requests_total") == 4
@@ -373,8 +373,8 @@ def test_another_application_on_the_loop_is_not_counted(servers: list[ServerProc
     other.send("/slow?s=30")
     server.wait_for_line(r"slow request started")
     mine = RawHTTP(server.port)
-    mine.send("/slow?s=1")
-    server.wait_for_line(r"slow request started \(1 s\)")
+    mine.send("/slow?s=3")
+    server.wait_for_line(r"slow request started \(3 s\)")
     server.signal(signal.SIGTERM)
     # Only graceful's request is in flight, and the drain ends with it.
     server.wait_for_line(r"serving -> accepting: SIGTERM \(1 connection, 1 request;")

@@ -461,7 +461,7 @@ def test_hot_path_request_in_flight_is_counted_then_adopted(loop: str) -> None:
         assert client.get("/readyz")[0] == 200
         assert metric("graceful_requests_total") == 1  # not the health routes, not /metrics
         slow = RawHTTP(server.port)
-        slow.send("/slow?s=1.5")
+        slow.send("/slow?s=4")  # still running once SIGTERM is handled, even under load
         server.wait_for_line(r"slow request started")
         assert metric("graceful_requests_in_flight") == 1
         server.signal(signal.SIGTERM)
@@ -483,20 +483,25 @@ def test_hot_path_request_in_flight_is_counted_then_adopted(loop: str) -> None:
         server.stop()
 
 
-@pytest.mark.parametrize("worker", WORKERS)
+@pytest.mark.parametrize("worker", [*WORKERS, "asyncio-wrapped"])
 def test_work_after_the_response_is_waited_for(servers: list[ServerProcess], worker: str) -> None:
     """A request whose app works on after its response (a background task), running on
     the hot path at SIGTERM, is in flight until the app returns — as the middleware
-    counts — so the drain waits for its work instead of cutting it."""
+    counts — so the drain waits for its work instead of cutting it; also when a task
+    factory runs every task's coroutine inside a wrapper (``asyncio-wrapped``, as
+    tracing integrations do)."""
     if worker == "uvloop":
         pytest.importorskip("uvloop")
+    env = None
+    if worker == "asyncio-wrapped":
+        worker, env = "asyncio", {"TEST_WRAPPING_TASK_FACTORY": "1"}
     server = hypercorn_launch(
         "--app", "tests.integration.hypercorn_apps.asgi_app:app",
-        "--policy", "refuse-immediately", worker=worker,
+        "--policy", "refuse-immediately", worker=worker, env=env,
     )  # fmt: skip
     servers.append(server)
     client = RawHTTP(server.port)
-    assert client.get("/after?s=1.5")[::2] == (200, b"sent\n")
+    assert client.get("/after?s=4")[::2] == (200, b"sent\n")  # works on past SIGTERM
     server.wait_for_line(r"work after the response started")
     server.signal(signal.SIGTERM)
     server.wait_for_line(r"serving -> accepting: SIGTERM \(\d+ connections?, 1 request")

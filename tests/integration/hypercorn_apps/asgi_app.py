@@ -4,11 +4,15 @@ matrix's ASGI rows (``graceful run`` and ``graceful.hypercorn``).
 ``/ws?stubborn=1`` accepts the websocket and then never receives, sends or returns: only
 a cut ends it (as ``/ws?stubborn=1`` of the aiohttp test app).  ``/after?s=1`` answers at
 once and works on for a second after its response (a background task).  Everything else
-goes to the example app unchanged, lifespan included.
+goes to the example app unchanged, lifespan included.  With
+``TEST_WRAPPING_TASK_FACTORY=1`` (asyncio) every task's coroutine runs inside a wrapper
+coroutine, as tracing integrations' task factories do.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 from typing import Any
 
@@ -30,7 +34,23 @@ async def work_after_the_response(scope: Any, send: Any) -> None:
     sys.stdout.flush()
 
 
+def wrap_tasks() -> None:
+    """A task factory that runs each coroutine inside a coroutine of its own, as tracing
+    integrations do (``TEST_WRAPPING_TASK_FACTORY=1``, asyncio only)."""
+    loop = asyncio.get_running_loop()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        async def wrapper() -> Any:
+            return await coro
+
+        return asyncio.Task(wrapper(), loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+
+
 async def app(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan" and os.environ.get("TEST_WRAPPING_TASK_FACTORY"):
+        wrap_tasks()
     if scope["type"] == "http" and scope["path"] == "/after":
         await work_after_the_response(scope, send)
         return
