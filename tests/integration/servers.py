@@ -395,3 +395,12 @@ class RawHTTP:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def metric(port: int, name: str) -> float:
+    """The value of the unlabelled metric ``name`` on ``/metrics`` (a new connection)."""
+    status, _, body = RawHTTP(port).get("/metrics")
+    assert status == 200, (status, body)
+    found = re.search(rf"(?m)^{name} (\S+)$", body.decode())
+    assert found, body
+    return float(found[1])

@@ -42,6 +42,7 @@ from .servers import (
     ServerProcess,
     aiohttp_command,
     aiohttp_ready,
+    metric,
 )
 
 pytest.importorskip("aiohttp")
@@ -330,31 +331,26 @@ def test_hot_path_requests_are_counted_then_adopted(servers: list[ServerProcess]
     servers.append(server)
     server.port = int(server.wait_for_line(r"Running on http://127\.0\.0\.1:(\d+)")[1])
 
-    def metric(name: str) -> float:
-        status, _, body = RawHTTP(server.port).get("/metrics")
-        assert status == 200
-        found = re.search(rf"(?m)^{name} (\S+)$", body.decode())
-        assert found, body
-        return float(found[1])
-
     client = RawHTTP(server.port)
     for _ in range(3):
         assert client.get("/")[0] == 200
     assert client.get("/readyz")[0] == 200
     assert client.get("/livez")[0] == 200
-    assert metric("graceful_requests_total") == 3  # not the health routes, not /metrics
-    assert metric("graceful_requests_in_flight") == 0
+    assert (
+        metric(server.port, "graceful_requests_total") == 3
+    )  # not the health routes, not /metrics
+    assert metric(server.port, "graceful_requests_in_flight") == 0
     slow = RawHTTP(server.port)
     slow.send("/slow?s=4")  # still running once SIGTERM is handled, even under load
     server.wait_for_line(r"slow request started")
-    assert metric("graceful_requests_in_flight") == 1  # counted where it runs
-    assert metric("graceful_requests_total") == 4
+    assert metric(server.port, "graceful_requests_in_flight") == 1  # counted where it runs
+    assert metric(server.port, "graceful_requests_total") == 4
     server.signal(signal.SIGTERM)
     server.wait_for_line(ACCEPTING)
-    assert metric("graceful_requests_in_flight") == 1  # adopted
+    assert metric(server.port, "graceful_requests_in_flight") == 1  # adopted
     assert client.get("/")[0] == 200  # through the middleware now
-    assert metric("graceful_requests_total") == 5
-    assert metric("graceful_requests_after_shutdown_total") == 1
+    assert metric(server.port, "graceful_requests_total") == 5
+    assert metric(server.port, "graceful_requests_after_shutdown_total") == 1
     assert slow.response()[:1] == (200,)
     assert server.wait_exit() == 0
     assert "slow request started" in server.output()

@@ -42,6 +42,7 @@ from .servers import (
     RawHTTP,
     ServerProcess,
     hypercorn_launch,
+    metric,
 )
 
 WORKERS = ["asyncio", "uvloop", "trio"]
@@ -449,24 +450,19 @@ def test_hot_path_request_in_flight_is_counted_then_adopted(loop: str) -> None:
     try:
         server.port = int(server.wait_for_line(HYPERCORN_RUNNING)[1])
 
-        def metric(name: str) -> float:
-            status, _, body = RawHTTP(server.port).get("/metrics")
-            assert status == 200
-            found = re.search(rf"(?m)^{name} (\S+)$", body.decode())
-            assert found, body
-            return float(found[1])
-
         client = RawHTTP(server.port)
         assert client.get("/signal")[::2] == (200, b"draining=False\n")
         assert client.get("/readyz")[0] == 200
-        assert metric("graceful_requests_total") == 1  # not the health routes, not /metrics
+        assert (
+            metric(server.port, "graceful_requests_total") == 1
+        )  # not the health routes, not /metrics
         slow = RawHTTP(server.port)
         slow.send("/slow?s=4")  # still running once SIGTERM is handled, even under load
         server.wait_for_line(r"slow request started")
-        assert metric("graceful_requests_in_flight") == 1
+        assert metric(server.port, "graceful_requests_in_flight") == 1
         server.signal(signal.SIGTERM)
         server.wait_for_line(ACCEPTING)
-        assert metric("graceful_requests_in_flight") == 1  # adopted
+        assert metric(server.port, "graceful_requests_in_flight") == 1  # adopted
         other = RawHTTP(server.port)
         assert other.get("/")[::2] == (200, b"hello\n")  # the middleware's path
         status, headers, _ = slow.response()
@@ -474,9 +470,9 @@ def test_hot_path_request_in_flight_is_counted_then_adopted(loop: str) -> None:
         assert headers["connection"] == "close"  # nudged: its response had not started
         # Finished once hypercorn closed the stream, which may follow the last byte.
         deadline = time.monotonic() + 5
-        while metric("graceful_requests_in_flight") != 0:
+        while metric(server.port, "graceful_requests_in_flight") != 0:
             assert time.monotonic() < deadline, "the adopted request is still in flight"
-        assert metric("graceful_requests_total") == 3
+        assert metric(server.port, "graceful_requests_total") == 3
         assert server.wait_exit() == 0
     finally:
         RawHTTP.close_all()
