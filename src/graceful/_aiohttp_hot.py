@@ -32,9 +32,9 @@ import anyio
 from aiohttp import hdrs, web
 from typing_extensions import final
 
-from ._aiohttp_middleware import Middleware
+from ._aiohttp_middleware import Middleware, _started
 from ._coordinator import ShutdownCoordinator
-from ._shape import called_from, finisher
+from ._shape import awaited, called_from, finisher, stack_frames
 
 __all__ = ("HotPath",)
 
@@ -47,29 +47,9 @@ def _code(function: Any) -> Any:
     return getattr(getattr(function, "__func__", function), "__code__", None)
 
 
-def _awaited(task: asyncio.Task[Any]) -> list[Any]:
-    """The coroutines ``task`` awaits, outermost first (suspended tasks)."""
-    chain = []
-    awaited: Any = task.get_coro()
-    while awaited is not None:
-        chain.append(awaited)
-        awaited = getattr(awaited, "cr_await", None)
-    return chain
-
-
-def _stack_codes() -> set[Any]:
-    """The code objects on the current call stack (a running task's coroutines)."""
-    codes = set()
-    frame = inspect.currentframe()
-    while frame is not None:
-        codes.add(frame.f_code)
-        frame = frame.f_back
-    return codes
-
-
 def _request_of(task: asyncio.Task[Any]) -> web.BaseRequest | None:
     """The request a hot-path task serves: a local of one of its coroutines."""
-    for coroutine in _awaited(task):
+    for coroutine in awaited(task.get_coro()):
         if not inspect.iscoroutine(coroutine):
             continue
         for value in inspect.getcoroutinelocals(coroutine).values():
@@ -148,9 +128,9 @@ class HotPath:
             if task.done():
                 continue
             if task is current:  # running, not suspended: its call stack tells
-                codes = _stack_codes()
+                codes = {frame.f_code for frame in stack_frames()}
             else:
-                codes = {getattr(c, "cr_code", None) for c in _awaited(task)}
+                codes = {getattr(c, "cr_code", None) for c in awaited(task.get_coro())}
             if handle_code not in codes or middleware_code in codes:
                 continue
             request = _request_of(task)
@@ -205,14 +185,7 @@ class HotPath:
         responding = self.middleware.responding or set()
         with anyio.move_on_after(max(timeout_s, 0.001)):
             for task, request in self.adopted:
-                if task.done() or id(request) in responding or _response_started(request):
+                if task.done() or id(request) in responding or _started(request, None):
                     continue
                 task.cancel(msg="graceful: stopping")
                 await self.middleware.answer_cut(request)
-
-
-def _response_started(request: web.BaseRequest) -> bool:
-    try:
-        return request.writer.output_size > 0
-    except (AttributeError, RuntimeError):
-        return False

@@ -321,8 +321,9 @@ class Middleware:
         return self._respond(*await _health.prestop_done(self.coordinator))
 
 
-def _started(request: web.Request, state: _RequestState) -> bool:
-    if state.started:
+def _started(request: web.BaseRequest, state: _RequestState | None) -> bool:
+    """Whether ``request``'s response began (``state``: what the prepare hook noted)."""
+    if state is not None and state.started:
         return True
     try:
         return request.writer.output_size > 0

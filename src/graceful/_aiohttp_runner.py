@@ -342,7 +342,7 @@ class _Shape(ServerShape):
     async def cut(self, timeout_s: float) -> None:
         """The adopted requests' 503s (if any), then the middleware's cut."""
         hot = self.runner._hot
-        if hot is not None and hot.adopted:
+        if hot is not None and any(not task.done() for task, _ in hot.adopted):
             await hot.answer_cut(timeout_s / 2)
             timeout_s /= 2
         await self.runner.middleware.cut(timeout_s=timeout_s)

@@ -35,7 +35,6 @@ guarded: ``ProtocolWrapper.protocol``, ``H11Protocol.stream``, ``connection`` an
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
@@ -51,6 +50,7 @@ from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
 from ._hypercorn_connection import _Connection
+from ._shape import awaited, stack_frames
 from .asgi import GracefulMiddleware
 
 __all__ = ("HotPath",)
@@ -63,24 +63,6 @@ _POLL_S = 0.02  # trio: how often adopted requests are checked for their end
 def _protocol(conn: _Connection) -> Any:
     """The connection's HTTP protocol object (hypercorn swaps it on an HTTP/2 upgrade)."""
     return getattr(getattr(conn.server, "protocol", None), "protocol", None)
-
-
-def _chain(coroutine: Any) -> list[Any]:
-    """The coroutines ``coroutine`` awaits, itself first."""
-    chain = []
-    while coroutine is not None:
-        chain.append(coroutine)
-        coroutine = getattr(coroutine, "cr_await", None)
-    return chain
-
-
-def _stack_frames() -> list[Any]:
-    frames = []
-    frame = inspect.currentframe()
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    return frames
 
 
 def _ended(coroutine: Any) -> bool:
@@ -204,7 +186,7 @@ class HotPath:
         for task, coroutine, current in self._tasks():
             scope = None
             if current:
-                frames = _stack_frames()
+                frames = stack_frames()
                 if any(f.f_code is middleware_code for f in frames):
                     continue
                 for frame in frames:
@@ -214,7 +196,7 @@ class HotPath:
             else:
                 # The application call may sit below a wrapper (a task factory's): the
                 # coroutine holding the scope, awaiting the app, anywhere in the chain.
-                chain = _chain(coroutine)
+                chain = awaited(coroutine)
                 if any(getattr(c, "cr_code", None) is middleware_code for c in chain):
                     continue
                 for awaiting in chain:

@@ -359,9 +359,10 @@ class _Worker(ServerShape):
         once, HTTP/1.1 connections are not recycled, new HTTP/2 streams are refused —
         then what still runs is cut (requests adopted from the hot path whose response
         has not started are answered 503 first)."""
-        answer = [] if self.hot is None else self.hot.to_answer()
-        if self.hot is not None and answer:
-            await self.hot.answer_cut(answer, timeout_s / 2)
+        hot = self.hot
+        answer = [] if hot is None else hot.to_answer()
+        if hot is not None and answer:
+            await hot.answer_cut(answer, timeout_s / 2)
             timeout_s /= 2
         await self._context.terminated.set()
         busy = sum(conn.busy and not conn.closing for conn in self._connections)

@@ -37,7 +37,7 @@ import anyio
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 
-__all__ = ("ServerShape", "called_from", "finisher")
+__all__ = ("ServerShape", "awaited", "called_from", "finisher", "stack_frames")
 
 logger = logging.getLogger("graceful")
 
@@ -171,15 +171,30 @@ class ServerShape:
             logger.error("lifespan shutdown did not finish within %.3g s; abandoned", left)
 
 
-def called_from(code: Any) -> bool:
-    """Whether a frame of ``code`` is on the current call stack (a running coroutine's
+def stack_frames() -> list[Any]:
+    """The frames of the current call stack, innermost first (a running coroutine's
     frames link to the ones that resumed it)."""
+    frames = []
     frame = inspect.currentframe()
     while frame is not None:
-        if frame.f_code is code:
-            return True
+        frames.append(frame)
         frame = frame.f_back
-    return False
+    return frames
+
+
+def called_from(code: Any) -> bool:
+    """Whether a frame of ``code`` is on the current call stack."""
+    return any(frame.f_code is code for frame in stack_frames())
+
+
+def awaited(coroutine: Any) -> list[Any]:
+    """``coroutine`` and the coroutines it awaits, outermost first (of a suspended
+    task: a running one's are on the call stack instead)."""
+    chain = []
+    while coroutine is not None:
+        chain.append(coroutine)
+        coroutine = getattr(coroutine, "cr_await", None)
+    return chain
 
 
 def finisher(

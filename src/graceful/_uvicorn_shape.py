@@ -21,7 +21,7 @@ from typing_extensions import final
 
 from ._coordinator import ShutdownCoordinator
 from ._listeners import close_keeping_backlog
-from ._shape import ServerShape, called_from, finisher
+from ._shape import ServerShape, awaited, called_from, finisher
 from .asgi import ASGIApp, GracefulMiddleware
 
 if TYPE_CHECKING:
@@ -128,11 +128,7 @@ class HotPath:
                 if not called_from(middleware_code):
                     found.append(task)
                 continue
-            awaited: Any = task.get_coro()
-            codes = []
-            while awaited is not None:  # the chain of coroutines the task awaits
-                codes.append(getattr(awaited, "cr_code", None))
-                awaited = getattr(awaited, "cr_await", None)
+            codes = [getattr(c, "cr_code", None) for c in awaited(task.get_coro())]
             # Two or more: started (the task's own coroutine awaits an app's).
             if len(codes) > 1 and middleware_code not in codes:
                 found.append(task)
