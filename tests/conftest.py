@@ -1,9 +1,21 @@
 from __future__ import annotations
 
+import os
+from importlib import metadata
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+# gunicorn 27 gives every master a control socket, by default at one path per user
+# (~/.gunicorn/gunicorn.ctl): masters started at once by parallel tests race to bind it
+# and log "Control server error".  No test uses it; every gunicorn the tests start
+# inherits this.
+try:
+    if int(metadata.version("gunicorn").split(".")[0]) >= 27:
+        os.environ.setdefault("GUNICORN_CMD_ARGS", "--no-control-socket")
+except metadata.PackageNotFoundError:
+    pass
 
 # Hypothesis's per-example deadline (200 ms) is a timed assertion: on a loaded CI
 # machine a slow example failed it.  Examples are bounded by count, not by the clock.

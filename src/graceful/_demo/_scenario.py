@@ -42,6 +42,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import NamedTuple, Protocol
 
 from .._events import parse_event
@@ -115,7 +116,7 @@ class ServerKind:
                 sys.executable, "-m", "gunicorn", WSGI_IMPORT_STRING,
                 "-k", stock if self.policy is None else graceful, *options,
                 "-b", f"127.0.0.1:{port}", "--graceful-timeout", f"{grace_period_s:g}",
-                "--log-level", "warning", *policy,
+                "--log-level", "warning", *policy, *_no_control_socket(),
             ]  # fmt: skip
         if self.policy is None and self.server == "uvicorn":
             return [
@@ -383,3 +384,14 @@ async def _kill_at(backend: Backend, grace_period_s: float, t0: float) -> None:
         await backend.proc.wait()
         backend.ended = "killed"
     backend.ended_at = time.monotonic() - t0
+
+
+def _no_control_socket() -> list[str]:
+    """gunicorn 27 gives each master a control socket at one path per user: the old and
+    the new backend of a rolling restart would take it from each other (and log
+    "Control server error")."""
+    try:
+        major = int(metadata.version("gunicorn").split(".")[0])
+    except (metadata.PackageNotFoundError, ValueError):
+        return []
+    return ["--no-control-socket"] if major >= 27 else []
