@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import signal
 from collections.abc import Awaitable, Callable, Collection
 from typing import Final
 
@@ -52,10 +51,11 @@ from ._policy import (
     AcceptUntilIdle,
     Phase,
     Policy,
+    _check_bool,
     _check_optional_seconds,
     _check_seconds,
 )
-from ._signals import QUICK_SIGNALS, in_terminal_foreground, signal_name
+from ._signals import QUICK_SIGNALS, in_terminal_foreground
 from ._tracking import Session, Tracking
 
 __all__ = ("GRACE_PERIOD_ENV", "Session", "ShutdownCoordinator", "ShutdownStatistics")
@@ -64,6 +64,25 @@ logger: Final = logging.getLogger("graceful")
 
 #: Environment variable holding the grace period (seconds before SIGKILL).
 GRACE_PERIOD_ENV: Final = "GRACEFUL_GRACE_PERIOD"
+
+
+def _check_policy(policy: object) -> Policy:
+    """``policy``, ``AcceptUntilIdle()`` for ``None``; else a ``TypeError``."""
+    if policy is None:
+        return AcceptUntilIdle()
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a graceful Policy instance, got {policy!r}")
+    return policy
+
+
+def _check_kill_margin(kill_margin_s: float, grace_period_s: float | None) -> float:
+    """``kill_margin_s``, checked: seconds, less than the grace period."""
+    margin = _check_seconds("kill_margin_s", kill_margin_s)
+    if grace_period_s is not None and margin >= grace_period_s:
+        raise ValueError(
+            f"kill_margin_s ({margin:g}) must be less than grace_period_s ({grace_period_s:g})"
+        )
+    return margin
 
 
 def _grace_period(grace_period_s: float | None) -> float | None:
@@ -122,28 +141,15 @@ class ShutdownCoordinator(Tracking):
         hard_exit: bool = False,
     ) -> None:
         super().__init__()
-        if policy is None:
-            policy = AcceptUntilIdle()
-        elif not isinstance(policy, Policy):
-            raise TypeError(f"policy must be a graceful Policy instance, got {policy!r}")
-        for name, flag in (
-            ("exit_on_third_request", exit_on_third_request),
-            ("hard_exit", hard_exit),
-        ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
-        self.policy: Final = policy
+        self.policy: Final = _check_policy(policy)
         self.drain_timeout_s: Final = _check_seconds("drain_timeout_s", drain_timeout_s)
         self.grace_period_s: Final = _grace_period(grace_period_s)
-        self.kill_margin_s: Final = _check_seconds("kill_margin_s", kill_margin_s)
-        if self.grace_period_s is not None and self.kill_margin_s >= self.grace_period_s:
-            raise ValueError(
-                f"kill_margin_s ({self.kill_margin_s:g}) must be less than grace_period_s "
-                f"({self.grace_period_s:g})"
-            )
+        self.kill_margin_s: Final = _check_kill_margin(kill_margin_s, self.grace_period_s)
         self.hook_timeout_s: Final = _check_seconds("hook_timeout_s", hook_timeout_s)
-        self.exit_on_third_request: Final = exit_on_third_request
-        self.hard_exit: Final = hard_exit
+        self.exit_on_third_request: Final = _check_bool(
+            "exit_on_third_request", exit_on_third_request
+        )
+        self.hard_exit: Final = _check_bool("hard_exit", hard_exit)
         self._engine: Final = PhaseEngine(self)
         self._announced = False
 
@@ -224,9 +230,7 @@ class ShutdownCoordinator(Tracking):
         lifespan shutdown); they run in registration order and share stopping's budget
         (each bounded by ``exit_by``, see ``deadlines``).
         """
-        if not callable(step):
-            raise TypeError(f"step must be callable, got {step!r}")
-        self._engine.stopping_steps.append(step)
+        self._engine.add_stopping_step(step)
 
     def start_background(self, task: Background) -> None:
         """Run ``task()`` in the coordinator's task group while ``run`` runs.
@@ -235,8 +239,6 @@ class ShutdownCoordinator(Tracking):
         started when ``run`` starts (or at once if it already runs), cancelled when the
         coordinator reaches ``STOPPED``.
         """
-        if not callable(task):
-            raise TypeError(f"task must be callable, got {task!r}")
         self._engine.start_background(task)
 
     def add_hook(self, hook: Hook, *, phase: Phase = Phase.STOPPING) -> None:
@@ -256,14 +258,7 @@ class ShutdownCoordinator(Tracking):
             ValueError: if ``phase`` is not ACCEPTING, DRAINING or STOPPING.
             TypeError: if ``hook`` is not callable.
         """
-        hooks = self._engine.hooks
-        if phase not in hooks:
-            raise ValueError(
-                f"phase must be Phase.ACCEPTING, Phase.DRAINING or Phase.STOPPING, got {phase!r}"
-            )
-        if not callable(hook):
-            raise TypeError(f"hook must be callable, got {hook!r}")
-        hooks[phase].append(hook)
+        self._engine.add_hook(hook, phase)
 
     # ------------------------------------------------------------------- triggers
 
@@ -303,12 +298,7 @@ class ShutdownCoordinator(Tracking):
         terminal, so it drains at once (as stock servers do) instead of following the
         policy; a second Ctrl-C still cuts what is left.
         """
-        interactive = signum == signal.SIGINT and in_terminal_foreground()
-        self.request_shutdown(
-            signal_name(signum) + (" (terminal)" if interactive else ""),
-            immediate=signum in quick,
-            drain_now=interactive,
-        )
+        self._engine.signal_received(signum, quick)
 
     def set_kill_deadline(self, wall_clock_s: float, *, source: str) -> None:
         """Set the kill deadline to an absolute wall-clock time (``time.time()`` seconds).

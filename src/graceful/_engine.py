@@ -39,12 +39,13 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import anyio
 import anyio.abc
@@ -60,7 +61,9 @@ from ._signals import (
     SHUTDOWN_SIGNALS,
     catch_signals,
     current_schedule,
+    in_terminal_foreground,
     loop_handles,
+    signal_name,
 )
 
 if TYPE_CHECKING:
@@ -233,6 +236,15 @@ class PhaseEngine:
             logger.info("shutdown already %s; ignoring %s", self.phase, reason)
         self._enqueue(outcome.transitions)
 
+    def signal_received(self, signum: int, quick: Collection[int]) -> None:
+        interactive = signum == signal.SIGINT and in_terminal_foreground()
+        self.request_shutdown(
+            signal_name(signum) + (" (terminal)" if interactive else ""),
+            escalate=True,
+            immediate=signum in quick,
+            drain_now=interactive,
+        )
+
     def set_kill_deadline(self, wall_clock_s: float, source: str) -> None:
         owner = self._owner
         self.kill_at = _deadlines.wall_to_loop(
@@ -261,7 +273,18 @@ class PhaseEngine:
 
         return unsubscribe
 
+    def add_hook(self, hook: Hook, phase: Phase) -> None:
+        if phase not in self.hooks:
+            raise ValueError(
+                f"phase must be Phase.ACCEPTING, Phase.DRAINING or Phase.STOPPING, got {phase!r}"
+            )
+        self.hooks[phase].append(_check_callable("hook", hook))
+
+    def add_stopping_step(self, step: Hook) -> None:
+        self.stopping_steps.append(_check_callable("step", step))
+
     def start_background(self, task: Background) -> None:
+        _check_callable("task", task)
         if self._tg is not None:
             self._tg.start_soon(self._guarded, task)
         else:
@@ -675,3 +698,13 @@ def _flush_and_exit(status: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(status)
+
+
+_C = TypeVar("_C")
+
+
+def _check_callable(name: str, value: _C) -> _C:
+    """``value`` if it is callable, else a ``TypeError`` naming ``name``."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {value!r}")
+    return value
