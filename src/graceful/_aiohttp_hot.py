@@ -16,9 +16,9 @@ request (found among the locals of its coroutines, by type) on one of the runner
 connections to a path that is no health route (``HotPath.running``).  At the shutdown
 request (the coordinator's first phase change) ``adopt`` turns the hot path off for
 good and reports those still running to the coordinator, each until its task ends.
-The middleware's ``on_response_prepare`` receiver nudges their responses like any other
-and notes which began; at the cut, those whose response had not begun are cancelled
-and answered 503 in the same step.
+The middleware watches them (``Middleware.watch``): their responses are nudged like any
+other and the middleware notes which began; at the cut, those whose response had not
+begun are cancelled and answered 503 in the same step.
 """
 
 from __future__ import annotations
@@ -64,37 +64,43 @@ class HotPath:
 
     Args:
         middleware: The runner's middleware, out of the application's chain.
-        handle: The ``request_handler`` aiohttp's server was made with (the
-            application's).
+        server: aiohttp's server, with the ``request_handler`` it was made with (the
+            application's); it counts the requests it reads (``requests_count``).
         connections: The runner's open connections (aiohttp's request handlers): a
             task serving a request on another connection is another server's.
         loop: The loop the server runs on.
     """
 
     __slots__ = (
+        "_started_off",
         "adopted",
         "connections",
+        "elsewhere",
         "handle",
         "loop",
         "middleware",
         "on",
         "request_handler",
-        "started",
+        "server",
     )
 
     def __init__(
         self,
         middleware: Middleware,
-        handle: Handler,
+        server: web.Server,
         connections: Container[object],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.middleware = middleware
-        self.handle = handle
+        self.server = server
+        self.handle: Handler = server.request_handler
         self.connections = connections
         self.loop = loop
         self.on = True  # until the first phase change
-        self.started = 0  # requests it started (less those adopted, less probes)
+        #: The server's requests the hot path did not start: those it handed to the
+        #: middleware, and health probes.
+        self.elsewhere = 0
+        self._started_off: int | None = None  # ``started`` once adopted
         #: The requests adopted at the shutdown request, with their tasks.
         self.adopted: list[tuple[asyncio.Task[Any], web.BaseRequest]] = []
         self.request_handler = self._dispatcher()
@@ -104,8 +110,8 @@ class HotPath:
 
         def dispatch(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
             if hot.on and upgrade not in request.headers:
-                hot.started += 1
                 return handle(request)
+            hot.elsewhere += 1
             return middleware(cast(web.Request, request), handle)
 
         return dispatch
@@ -140,6 +146,16 @@ class HotPath:
                 found.append((task, request))
         return found
 
+    @property
+    def started(self) -> int:
+        """The requests the hot path started (less those adopted): aiohttp's own count
+        of the server's requests (the public ``requests_count``, which it increments for
+        every request anyway: a count of the dispatcher's own costs 400 instructions a
+        request) less those started elsewhere; fixed when adopted."""
+        if self._started_off is not None:
+            return self._started_off
+        return self.server.requests_count - self.elsewhere
+
     def requests(self) -> tuple[int, int]:
         """The coordinator's request source: ``(in_flight, started)``."""
         return (len(self.running()) if self.on else 0), self.started
@@ -148,7 +164,7 @@ class HotPath:
         """A health route's handler runs: if the hot path dispatched it, it is no
         request (called first thing by each)."""
         if self.on and not called_from(_code(type(self.middleware).__call__)):
-            self.started -= 1
+            self.elsewhere += 1
 
     def adopt(self, coordinator: ShutdownCoordinator) -> None:
         """Shutdown was requested: later requests take the middleware; those in flight
@@ -169,9 +185,10 @@ class HotPath:
 
     def _adopt(self, coordinator: ShutdownCoordinator) -> None:
         running = self.running()
-        self.started -= len(running)  # counted by the coordinator from now on
+        self._started_off = self.started - len(running)  # the coordinator counts them now
         for task, request in running:
             task.add_done_callback(finisher(coordinator, coordinator.request_started()))
+            self.middleware.watch(request)
             self.middleware.adopt_task(task)
             self.adopted.append((task, request))
 

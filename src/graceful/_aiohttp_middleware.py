@@ -1,19 +1,27 @@
-"""graceful.aiohttp's request side: the middleware, its prepare hook, the health handlers.
+"""graceful.aiohttp's request side: the middleware and the health handlers.
 
 ``graceful._aiohttp_setup.setup`` installs them on an application.  ``Middleware``
-counts requests and websocket sessions, nudges the responses handlers return, closes
-websockets with 1001 once draining began, and answers a request cut at stopping with
-503; its ``on_response_prepare`` hook nudges the responses a handler prepared itself
-(streams, file responses, ``HTTPException``) and those of requests the hot path
-started (``graceful._aiohttp_hot``).  The two share what they know of one request
-(``_RequestState``) through a context variable.  The connection side is
-``graceful._aiohttp_runner``.
+counts requests and websocket sessions, nudges responses, closes websockets with 1001
+once draining began, and answers a request cut at stopping with 503.  The connection
+side is ``graceful._aiohttp_runner``.
+
+A response the handler prepares itself (a stream, a file, an ``HTTPException``) is
+prepared before the middleware sees it.  aiohttp reads the request's public
+``keep_alive`` for every response that did not set its own, as it computes the
+headers: each request the middleware (or the hot path, ``graceful._aiohttp_hot``)
+watches is made an instance of a subclass of its class whose ``keep_alive`` answers
+``False`` while the coordinator nudges, and notes that the response began
+(``Middleware.watch``).  No ``on_response_prepare`` receiver is needed, which aiohttp
+would run for every response of the application, watched or not (5,000 instructions
+a request).  A websocket's ``WebSocketResponse`` is found, for its 1001, among the
+locals of the coroutines its handler's task awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -25,6 +33,7 @@ from typing_extensions import final
 from . import _health
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
+from ._shape import awaited
 from ._tracking import is_probe
 
 if TYPE_CHECKING:
@@ -39,22 +48,22 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CUT_SEND_S: Final = 1.0  # the longest a cut request's 503 may take to send
 _WS_CLOSE_WAIT_S: Final = 1.0  # how long a closing handshake may finish after the handler
 _PREPARE_TRIES: Final = 100  # loop iterations a websocket handshake may take to finish
+_WS_LOOK_S: Final = 0.05  # how often a websocket not yet prepared (or not found) is looked for
 
 
 class _RequestState:
-    """What the middleware and the prepare hook share about one request."""
+    """What the middleware and a watched request's ``keep_alive`` share about one
+    request."""
 
-    __slots__ = ("closing", "ready", "started", "websocket")
+    __slots__ = ("closing", "started")
 
-    def __init__(self, ready: asyncio.Event | None = None) -> None:
+    def __init__(self) -> None:
         self.started = False  # the response (headers) went out, or is going out
-        self.websocket: web.WebSocketResponse | None = None
-        self.ready = ready  # websocket requests: set when the handshake is prepared
         self.closing = False  # the middleware sent the websocket's 1001
 
 
-# The prepare hook runs in the request's task (or a child of it): a context variable finds
-# the request's state however the handler cloned or wrapped the request.
+# ``keep_alive`` is read in the request's task (or a child of it): a context variable
+# finds the request's state however the handler cloned or wrapped the request.
 _STATE: contextvars.ContextVar[_RequestState | None] = contextvars.ContextVar(
     "graceful_aiohttp_request", default=None
 )
@@ -68,8 +77,7 @@ def _text(status: int, text: str) -> web.Response:
 class Middleware:
     """An aiohttp middleware that reports to and obeys a coordinator.
 
-    Prefer ``setup``, which also installs ``on_response_prepare`` (without it a
-    response the handler prepared itself is not nudged) and the health routes.
+    Prefer ``setup``, which also installs the health routes.
 
     * HTTP requests count as in-flight requests; a returned response gets ``Connection:
       close`` while the coordinator nudges.
@@ -112,6 +120,7 @@ class Middleware:
         #: Once the hot path adopted its requests: the ids of the requests without a
         #: state of the middleware's (the adopted ones) whose response began.
         self.responding: set[int] | None = None
+        self._watching: dict[type[web.BaseRequest], type[web.BaseRequest]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
@@ -149,6 +158,7 @@ class Middleware:
         c = self.coordinator
         state = _RequestState()
         token = _STATE.set(state)
+        self.watch(request)
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -168,28 +178,51 @@ class Middleware:
                 self._tasks.discard(task)
             _STATE.reset(token)
 
-    async def on_response_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
-        """For ``app.on_response_prepare``: nudge responses prepared by the handler.
+    def watch(self, request: web.BaseRequest) -> None:
+        """Nudge ``request``'s response, and note when it begins, however it is prepared.
 
-        aiohttp computes the ``Connection`` header before this signal runs, so the
-        header is set here as well as the response's keep-alive flag (which makes the
-        server close the connection after the response).
+        ``request`` becomes an instance of a subclass of its class (made once per class)
+        whose ``keep_alive`` — which aiohttp reads as it prepares any response that did
+        not set its own — notes that the response began and answers ``False`` while the
+        coordinator nudges, so aiohttp sends ``Connection: close`` and closes the
+        connection after the response.  Everything else about the request is unchanged.
         """
-        state = _STATE.get()
-        # web.Response first: responses are MutableMappings, an ABC whose isinstance
-        # costs about a thousand instructions.
-        if type(response) is not web.Response and isinstance(response, web.WebSocketResponse):
+        base = type(request)
+        watching = self._watching.get(base)
+        if watching is None:
+            if base in self._watching.values():
+                return  # watched already
+            watching = self._watching[base] = self._watching_class(base)
+        # object's own __setattr__: aiohttp's debug mode warns about unknown attributes.
+        object.__setattr__(request, "__class__", watching)
+
+    def _watching_class(self, base: type[web.BaseRequest]) -> type[web.BaseRequest]:
+        middleware = self
+
+        def keep_alive(request: web.BaseRequest) -> bool:
+            """Is keep-alive enabled by client, and not nudged away by graceful?"""
+            state = _STATE.get()
             if state is not None:
                 state.started = True
-                state.websocket = response
-                if state.ready is not None:
-                    state.ready.set()
-            return
-        if state is not None:
-            state.started = True
-        elif (responding := self.responding) is not None:
-            responding.add(id(request))
-        if self._nudging and response.keep_alive:
+            elif (responding := middleware.responding) is not None:
+                responding.add(id(request))
+            return not middleware._nudging and not request.message.should_close
+
+        namespace = {
+            "__slots__": (),
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "__doc__": base.__doc__,
+            "keep_alive": property(keep_alive),
+        }
+        return type(base.__name__, (base,), namespace)
+
+    async def on_response_prepare(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Deprecated, and no longer needed: the middleware nudges the responses a
+        handler prepares itself through ``watch``.  Kept so that code which appended it
+        to ``app.on_response_prepare`` keeps working; it nudges only."""
+        ws = isinstance(response, web.WebSocketResponse)
+        if self._nudging and response.keep_alive and not ws:
             response.force_close()
             response.headers[hdrs.CONNECTION] = "close"
 
@@ -235,13 +268,14 @@ class Middleware:
 
     async def _websocket(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         c = self.coordinator
-        state = _RequestState(ready=asyncio.Event())
+        state = _RequestState()
         drain = asyncio.Event()
         token = _STATE.set(state)
+        self.watch(request)  # a handler may answer the upgrade with plain HTTP
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
-        closer = asyncio.ensure_future(self._close_going_away(request, state, drain))
+        closer = asyncio.ensure_future(self._close_going_away(request, task, state, drain))
         try:
             with c.track_session(drain.set):
                 try:
@@ -261,22 +295,30 @@ class Middleware:
             _STATE.reset(token)
 
     async def _close_going_away(
-        self, request: web.Request, state: _RequestState, drain: asyncio.Event
+        self,
+        request: web.Request,
+        task: asyncio.Task[Any] | None,
+        state: _RequestState,
+        drain: asyncio.Event,
     ) -> None:
         """Once draining began and the grace passed, close the websocket with 1001.
 
         ``drain`` is set by the session's ``on_drain`` (which may run from a loop
         callback, so it only signals); the grace is cut short when stopping begins.
+        The ``WebSocketResponse`` is looked for among the locals of the coroutines the
+        handler's ``task`` awaits (a handler waiting for a message awaits the
+        websocket's own ``receive``) until it is found; this closer is cancelled when
+        the handler returns, and a websocket never found is cut at stopping.
         """
         c = self.coordinator
         await drain.wait()
         await c.wait_for_phase(Phase.STOPPING, timeout_s=self.websocket_close_grace_s)
-        assert state.ready is not None
-        await state.ready.wait()
-        ws = state.websocket
-        assert ws is not None
-        # The prepare hook runs before the handshake's last step (the websocket writer);
-        # closing earlier raises RuntimeError("Call .prepare() first").
+        # Nothing is told when a handler prepares its websocket: it is looked for (ended
+        # by the handler's end, which cancels this closer, or by the cut).
+        while (ws := _websocket_of(task)) is None:  # noqa: ASYNC110
+            await asyncio.sleep(_WS_LOOK_S)
+        # A handshake under way may not have its websocket writer yet: closing then
+        # raises RuntimeError("Call .prepare() first").
         for _ in range(_PREPARE_TRIES):
             if ws.closed:
                 return
@@ -321,8 +363,21 @@ class Middleware:
         return self._respond(*await _health.prestop_done(self.coordinator))
 
 
+def _websocket_of(task: asyncio.Task[Any] | None) -> web.WebSocketResponse | None:
+    """The prepared websocket among the locals of the coroutines ``task`` awaits."""
+    if task is None:
+        return None
+    for coroutine in awaited(task.get_coro()):
+        if inspect.iscoroutine(coroutine):
+            for value in inspect.getcoroutinelocals(coroutine).values():
+                if isinstance(value, web.WebSocketResponse) and value.prepared:
+                    return value
+    return None
+
+
 def _started(request: web.BaseRequest, state: _RequestState | None) -> bool:
-    """Whether ``request``'s response began (``state``: what the prepare hook noted)."""
+    """Whether ``request``'s response began (``state``: what its ``keep_alive`` noted;
+    a websocket's handshake is sent as it is prepared)."""
     if state is not None and state.started:
         return True
     try:

@@ -62,7 +62,8 @@ class _TrackingServer(web.Server):
 
     Only public methods of ``aiohttp.web.Server`` are overridden: ``__call__`` (a
     connection's protocol is created) and ``connection_lost``.  Instances are
-    never constructed: the runner switches the class of the server aiohttp built.
+    never constructed: the runner copies the server aiohttp built into one
+    (``_tracking_copy``).
     """
 
     _graceful_runner: AppRunner
@@ -84,6 +85,24 @@ class _TrackingServer(web.Server):
             super().connection_lost(handler, exc)
         finally:
             self._graceful_runner._connection_lost(handler)
+
+
+def _tracking_copy(server: web.Server) -> _TrackingServer:
+    """``server`` as a ``_TrackingServer``: its attributes set one by one on a new
+    instance, in their order.  Not a switch of its class: CPython's fast path for
+    instance attributes does not survive one, and aiohttp increments the server's
+    ``requests_count`` for every request (about 400 instructions more a request,
+    by ``benchmarks/server_instructions.py --server aiohttp``).  A server without a
+    ``__dict__`` has its class switched."""
+    try:
+        attributes = vars(server)
+    except TypeError:
+        server.__class__ = _TrackingServer
+        return cast(_TrackingServer, server)
+    tracking = _TrackingServer.__new__(_TrackingServer)
+    for name, value in attributes.items():
+        setattr(tracking, name, value)
+    return tracking
 
 
 def _is_listener(server: Any) -> TypeGuard[asyncio.AbstractServer]:
@@ -190,17 +209,15 @@ class AppRunner(web.AppRunner):
         return (0, 0) if self._hot is None else self._hot.requests()
 
     async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
+        tracking = _tracking_copy(await super()._make_server())
+        tracking._graceful_runner = self
         self._loop = asyncio.get_running_loop()
         if self._hot_wanted:
             # Each connection reads the server's request_handler when it is made.
-            self._hot = HotPath(self.middleware, server.request_handler, self._open, self._loop)
+            self._hot = HotPath(self.middleware, tracking, self._open, self._loop)
             self._hot.on = not self.coordinator.shutdown_requested
-            server.request_handler = self._hot.request_handler
+            tracking.request_handler = self._hot.request_handler
             self.middleware.hot = self._hot
-        server.__class__ = _TrackingServer
-        tracking = cast(_TrackingServer, server)
-        tracking._graceful_runner = self
         return tracking
 
     def adopt_sites(self) -> None:

@@ -1,5 +1,5 @@
 """``graceful.aiohttp.setup``: the request side (``graceful._aiohttp_middleware``)
-installed on an application — the middleware, its prepare hook, the health and metrics
+installed on an application — the middleware, the health and metrics
 routes, the drain signal."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def setup(
     """Install graceful's request side on ``app`` (before it starts).
 
     Adds ``Middleware`` as the outermost middleware (or reuses one already in
-    ``app.middlewares``), its ``on_response_prepare`` hook, the health routes and
-    ``DRAIN_SIGNAL_KEY``.  Calling it again returns the same middleware.
+    ``app.middlewares``), the health routes and ``DRAIN_SIGNAL_KEY``.  Calling it
+    again returns the same middleware.
 
     Args:
         app: The (root) application.
@@ -88,8 +88,6 @@ def setup(
         app.middlewares.insert(0, middleware)
     elif middleware.coordinator is not coordinator:
         raise ValueError("the application's graceful Middleware has another coordinator")
-    if middleware.on_response_prepare not in app.on_response_prepare:
-        app.on_response_prepare.append(middleware.on_response_prepare)
     for name, path, handler in (
         ("readiness", paths["readiness_path"], middleware.readiness),
         ("liveness", paths["liveness_path"], middleware.liveness),

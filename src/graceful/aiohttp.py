@@ -19,7 +19,7 @@ or, with a runner of your own::
 ``run_app`` is ``aiohttp.web.run_app`` built from two pieces: ``AppRunner``, a drop-in
 for ``aiohttp.web.AppRunner``, is the connection side (listeners, connections,
 ``on_shutdown`` and ``on_cleanup``); ``setup`` installs the request side
-(``Middleware``, its ``on_response_prepare`` hook, the health routes and
+(``Middleware``, the health routes and
 ``DRAIN_SIGNAL_KEY``), and the runner calls it if you did not.  What each phase changes
 against stock aiohttp, and the few aiohttp private attributes read (nothing is
 patched): ``docs/aiohttp.md``.
