@@ -198,6 +198,8 @@ class Middleware:
 
     def _watching_class(self, base: type[web.BaseRequest]) -> type[web.BaseRequest]:
         middleware = self
+        # The base's own keep_alive (aiohttp's reify: whether the client keeps alive).
+        clients = inspect.getattr_static(base, "keep_alive")
 
         def keep_alive(request: web.BaseRequest) -> bool:
             """Is keep-alive enabled by client, and not nudged away by graceful?"""
@@ -206,7 +208,7 @@ class Middleware:
                 state.started = True
             elif (responding := middleware.responding) is not None:
                 responding.add(id(request))
-            return not middleware._nudging and not request.message.should_close
+            return not middleware._nudging and bool(clients.__get__(request, base))
 
         namespace = {
             "__slots__": (),
