@@ -8,12 +8,12 @@ side is ``graceful._aiohttp_runner``.
 A response the handler prepares itself (a stream, a file, an ``HTTPException``) is
 prepared before the middleware sees it.  aiohttp reads the request's public
 ``keep_alive`` for every response that did not set its own, as it computes the
-headers: each request the middleware (or the hot path, ``graceful._aiohttp_hot``)
-watches is made an instance of a subclass of its class whose ``keep_alive`` answers
-``False`` while the coordinator nudges, and notes that the response began
-(``Middleware.watch``).  No ``on_response_prepare`` receiver is needed, which aiohttp
-would run for every response of the application, watched or not (5,000 instructions
-a request).  A websocket's ``WebSocketResponse`` is found, for its 1001, among the
+headers: from the moment the coordinator nudges, each request the middleware runs
+(and each the hot path adopted, ``graceful._aiohttp_hot``) is made an instance of a
+subclass of its class whose ``keep_alive`` answers ``False`` and notes that the
+response began (``Middleware.watch``).  No ``on_response_prepare`` receiver is needed,
+which aiohttp would run for every response of the application, watched or not (5,000
+instructions a request).  A websocket's ``WebSocketResponse`` is found, for its 1001, among the
 locals of the coroutines its handler's task awaits.
 """
 
@@ -121,6 +121,8 @@ class Middleware:
         #: state of the middleware's (the adopted ones) whose response began.
         self.responding: set[int] | None = None
         self._watching: dict[type[web.BaseRequest], type[web.BaseRequest]] = {}
+        #: Requests running before nudging began, by id: watched when it begins.
+        self._unwatched: dict[int, web.BaseRequest] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
@@ -132,7 +134,12 @@ class Middleware:
         coordinator.subscribe(self._on_phase)
 
     def _on_phase(self, phase: Phase) -> None:
-        self._nudging = self.coordinator.nudging
+        nudging = self.coordinator.nudging
+        if nudging and not self._nudging:
+            for request in self._unwatched.values():
+                self.watch(request)
+            self._unwatched.clear()
+        self._nudging = nudging
         self._classifying = phase is Phase.ACCEPTING
 
     def _uncounted(self, request: web.Request) -> bool:
@@ -158,7 +165,7 @@ class Middleware:
         c = self.coordinator
         state = _RequestState()
         token = _STATE.set(state)
-        self.watch(request)
+        self._watch_from_nudging(request)
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -174,6 +181,7 @@ class Middleware:
             raise
         finally:
             self._request_finished(sampled)
+            self._unwatched.pop(id(request), None)
             if task is not None:
                 self._tasks.discard(task)
             _STATE.reset(token)
@@ -195,6 +203,16 @@ class Middleware:
             watching = self._watching[base] = self._watching_class(base)
         # object's own __setattr__: aiohttp's debug mode warns about unknown attributes.
         object.__setattr__(request, "__class__", watching)
+
+    def _watch_from_nudging(self, request: web.BaseRequest) -> None:
+        """``watch`` ``request`` from the moment the coordinator nudges (at once if it
+        does).  A watched request's attributes cost aiohttp more to read for the rest
+        of the request — CPython's fast path for instance attributes does not survive
+        a change of class — so a request that ends before nudging began never is."""
+        if self._nudging:
+            self.watch(request)
+        else:
+            self._unwatched[id(request)] = request
 
     def _watching_class(self, base: type[web.BaseRequest]) -> type[web.BaseRequest]:
         middleware = self
@@ -273,7 +291,7 @@ class Middleware:
         state = _RequestState()
         drain = asyncio.Event()
         token = _STATE.set(state)
-        self.watch(request)  # a handler may answer the upgrade with plain HTTP
+        self._watch_from_nudging(request)  # a handler may answer the upgrade with HTTP
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -292,6 +310,7 @@ class Middleware:
                         await asyncio.wait((closer,), timeout=_WS_CLOSE_WAIT_S)
         finally:
             closer.cancel()
+            self._unwatched.pop(id(request), None)
             if task is not None:
                 self._tasks.discard(task)
             _STATE.reset(token)

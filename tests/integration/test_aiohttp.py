@@ -96,6 +96,27 @@ def test_streamed_response_after_sigterm_is_nudged(servers: list[ServerProcess],
     assert server.wait_exit() == 0
 
 
+@pytest.mark.parametrize("served", ["run_app", "runner", "chain"])
+def test_streamed_response_of_a_request_in_flight_at_sigterm_is_nudged(
+    servers: list[ServerProcess], served: str
+) -> None:
+    """A request that began before SIGTERM and prepares its response after it: an
+    adopted hot-path request (``run_app``, ``runner``) or one the middleware saw begin
+    before nudging did (``chain``: the middleware in the application's chain under
+    aiohttp's own runner) still gets ``Connection: close``."""
+    server = start(servers, served, **POLICY_OPTIONS["accept-until-idle"])
+    streamed = RawHTTP(server.port)
+    streamed.send("/stream?n=3&after=shutdown")
+    server.wait_for_line(r"stream started")
+    server.signal(signal.SIGTERM)
+    status, headers, body = streamed.response()
+    assert status == 200
+    assert b"chunk 2" in body
+    assert headers["connection"] == "close"
+    assert streamed.closed_by_peer()
+    assert server.wait_exit() == 0
+
+
 # ------------------------------------------------------------------ lifecycle
 
 

@@ -3,6 +3,7 @@
     python -m tests.integration.aiohttp_apps.app run_app --port 0 --policy accept-until-idle
     python -m tests.integration.aiohttp_apps.app runner ...   # own AppRunner + TCPSite
         [--stock-beside]   # and a stock AppRunner serving the app on another port
+    python -m tests.integration.aiohttp_apps.app chain ...    # setup() + aiohttp's AppRunner
     python -m tests.integration.aiohttp_apps.app stock ...    # aiohttp.web.run_app
     gunicorn tests.integration.aiohttp_apps.app:app -k graceful._aiohttp_worker.AiohttpWorker
 
@@ -53,12 +54,26 @@ async def stream(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse()
     response.content_type = "text/plain"
     say("stream started")
+    if request.query.get("after") == "shutdown":  # prepare once shutdown was requested
+        await _shutdown_requested(request)
     await response.prepare(request)
     for i in range(count):
         await response.write(f"chunk {i}\n".encode())
         await asyncio.sleep(0.1)
     await response.write_eof()
     return response
+
+
+async def _shutdown_requested(request: web.Request, within_s: float = 10.0) -> None:
+    import graceful.aiohttp
+
+    signal = request.config_dict[graceful.aiohttp.DRAIN_SIGNAL_KEY]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while not signal.shutdown_requested:
+        if loop.time() > deadline:
+            raise TimeoutError(f"no shutdown requested within {within_s:g} s")
+        await asyncio.sleep(0.01)
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -123,7 +138,7 @@ app = make_app()  # for gunicorn
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aiohttp test app")
-    parser.add_argument("mode", choices=["run_app", "runner", "stock"])
+    parser.add_argument("mode", choices=["run_app", "runner", "chain", "stock"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--policy", default="accept-until-idle")
     parser.add_argument("--idle", type=float, default=None)
@@ -175,6 +190,34 @@ async def serve_with_runner(args: argparse.Namespace, coordinator: object) -> No
         await stock.cleanup()
 
 
+async def serve_in_chain(args: argparse.Namespace, coordinator: object) -> None:
+    """graceful's middleware in the application's chain (``setup``), under aiohttp's own
+    ``web.AppRunner``: the coordinator sees requests, not connections."""
+    import anyio
+
+    import graceful
+    import graceful.aiohttp
+
+    assert isinstance(coordinator, graceful.ShutdownCoordinator)
+    app = make_app()
+    graceful.aiohttp.setup(
+        app,
+        coordinator=coordinator,
+        websocket_close_grace_s=args.websocket_close_grace,
+        prestop_path=args.prestop_path,
+    )
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=args.backlog)
+        await site.start()
+        async with anyio.create_task_group() as tg:
+            await tg.start(coordinator.run)
+            say(f"======== Running on {site.name} ========")
+    finally:
+        await runner.cleanup()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -209,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.mode == "runner":
         asyncio.run(serve_with_runner(args, coordinator))
+    elif args.mode == "chain":
+        asyncio.run(serve_in_chain(args, coordinator))
     else:
         graceful.aiohttp.run_app(
             make_app(),
