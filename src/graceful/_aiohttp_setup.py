@@ -11,7 +11,7 @@ from aiohttp import hdrs, web
 from . import _health
 from ._aiohttp_middleware import Handler, Middleware
 from ._coordinator import ShutdownCoordinator
-from .asgi import DrainSignal
+from ._drain_signal import DrainSignal
 
 __all__ = ("DRAIN_SIGNAL_KEY", "drain_signal", "setup")
 

@@ -49,9 +49,9 @@ from ._aiohttp_setup import DRAIN_SIGNAL_KEY as DRAIN_SIGNAL_KEY
 from ._aiohttp_setup import drain_signal as drain_signal
 from ._aiohttp_setup import setup as setup
 from ._coordinator import ShutdownCoordinator
+from ._drain_signal import DrainSignal as DrainSignal
 from ._policy import Phase, Policy, _check_seconds
 from ._signals import teardown_guard
-from .asgi import DrainSignal as DrainSignal
 
 __all__ = (
     "DRAIN_SIGNAL_KEY",

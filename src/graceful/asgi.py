@@ -55,6 +55,7 @@ from typing_extensions import final
 
 from . import _health
 from ._coordinator import ShutdownCoordinator
+from ._drain_signal import DrainSignal
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from ._tracking import is_probe
 
@@ -84,42 +85,6 @@ def _with_connection_close(message: Message) -> Message:
     ]
     headers.append(_CLOSE)
     return {**message, "headers": headers}
-
-
-@final
-class DrainSignal:
-    """What a handler may know about the shutdown (one shared object per middleware).
-
-    Found with ``drain_signal(scope)``.  A streaming handler typically does::
-
-        signal = graceful.asgi.drain_signal(scope)
-        while not signal.draining:
-            ...send the next event...
-        ...send a final event and end the stream...
-    """
-
-    __slots__ = ("coordinator",)
-
-    def __init__(self, coordinator: ShutdownCoordinator) -> None:
-        self.coordinator: Final = coordinator
-
-    @property
-    def draining(self) -> bool:
-        """``True`` once draining began: finish the current message and end."""
-        return self.coordinator.draining
-
-    @property
-    def shutdown_requested(self) -> bool:
-        """``True`` once shutdown was requested (still accepting, perhaps)."""
-        return self.coordinator.shutdown_requested
-
-    async def wait(self, *, timeout_s: float | None = None) -> bool:
-        """Wait until draining begins; ``False`` if ``timeout_s`` elapsed first."""
-        return await self.coordinator.wait_for_phase(Phase.DRAINING, timeout_s=timeout_s)
-
-    def time_left_s(self) -> float | None:
-        """Seconds until the drain deadline (``None`` before draining or without one)."""
-        return self.coordinator.drain_time_left()
 
 
 def drain_signal(scope: Scope) -> DrainSignal | None:
