@@ -27,6 +27,9 @@ per-request work of its own, which shows the measurement's own spread.
 ``--server hypercorn`` (``hypercorn-trio``): ``hypercorn.asyncio.serve`` (``hypercorn.trio
 .serve``) against ``graceful.hypercorn.run``, h11; ``--server aiohttp``:
 ``aiohttp.web.run_app`` against ``graceful.aiohttp.run_app``.  Same app, same clients.
+``--server aiohttp-chain``: stock ``web.run_app`` against the same with the application set
+up by ``graceful.aiohttp.setup`` (the middleware in its chain, as under aiohttp's own
+runner or ``aiohttp.GunicornWebWorker``).
 ``--server aiohttp-dispatch`` and ``aiohttp-prepare`` measure aiohttp's seams on stock
 aiohttp (see ``OTHER_SERVERS``): a ``request_handler`` dispatcher, and one no-op
 ``on_response_prepare`` receiver on top of it.
@@ -121,6 +124,17 @@ OTHER_SERVERS["aiohttp-dispatch"] = {
 OTHER_SERVERS["aiohttp-prepare"] = {
     "bare": _AIOHTTP_STOCK + _AIOHTTP_DISPATCH + _AIOHTTP_RUN,
     "graceful": _AIOHTTP_STOCK + _AIOHTTP_DISPATCH + _AIOHTTP_RECEIVER + _AIOHTTP_RUN,
+}
+# graceful's middleware in the application's chain under aiohttp's own runner
+# (``graceful.aiohttp.setup`` with ``web.run_app`` or ``aiohttp.GunicornWebWorker``).
+_AIOHTTP_SETUP = (
+    "import graceful, graceful.aiohttp\n"
+    "graceful.aiohttp.setup(app, coordinator=graceful.ShutdownCoordinator("
+    "policy=graceful.RefuseImmediately()))\n"
+)
+OTHER_SERVERS["aiohttp-chain"] = {
+    "bare": _AIOHTTP_STOCK + _AIOHTTP_RUN,
+    "graceful": _AIOHTTP_STOCK + _AIOHTTP_SETUP + _AIOHTTP_RUN,
 }
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
 
