@@ -48,7 +48,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CUT_SEND_S: Final = 1.0  # the longest a cut request's 503 may take to send
 _WS_CLOSE_WAIT_S: Final = 1.0  # how long a closing handshake may finish after the handler
 _PREPARE_TRIES: Final = 100  # loop iterations a websocket handshake may take to finish
-_WS_LOOK_S: Final = 0.05  # how often a websocket not yet prepared (or not found) is looked for
+_WS_LOOK_S: Final = 0.05  # first wait before a websocket not found is looked for again
+_WS_LOOK_MAX_S: Final = 1.0  # the longest (the wait doubles)
 
 
 class _RequestState:
@@ -336,8 +337,10 @@ class Middleware:
         await c.wait_for_phase(Phase.STOPPING, timeout_s=self.websocket_close_grace_s)
         # Nothing is told when a handler prepares its websocket: it is looked for (ended
         # by the handler's end, which cancels this closer, or by the cut).
-        while (ws := _websocket_of(task)) is None:  # noqa: ASYNC110
-            await asyncio.sleep(_WS_LOOK_S)
+        look_s = _WS_LOOK_S
+        while (ws := _websocket_of(task)) is None:
+            await asyncio.sleep(look_s)
+            look_s = min(look_s * 2, _WS_LOOK_MAX_S)  # many never found: little work
         # A handshake under way may not have its websocket writer yet: closing then
         # raises RuntimeError("Call .prepare() first").
         for _ in range(_PREPARE_TRIES):
