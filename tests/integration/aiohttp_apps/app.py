@@ -65,15 +65,12 @@ async def stream(request: web.Request) -> web.StreamResponse:
 
 
 async def _shutdown_requested(request: web.Request, within_s: float = 10.0) -> None:
+    import graceful
     import graceful.aiohttp
 
     signal = request.config_dict[graceful.aiohttp.DRAIN_SIGNAL_KEY]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not signal.shutdown_requested:
-        if loop.time() > deadline:
-            raise TimeoutError(f"no shutdown requested within {within_s:g} s")
-        await asyncio.sleep(0.01)
+    if not await signal.coordinator.wait_for_phase(graceful.Phase.ACCEPTING, timeout_s=within_s):
+        raise TimeoutError(f"no shutdown requested within {within_s:g} s")
 
 
 async def events(request: web.Request) -> web.StreamResponse:
