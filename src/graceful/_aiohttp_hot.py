@@ -24,7 +24,6 @@ begun are cancelled and answered 503 in the same step.
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Callable, Container
 from typing import Any, cast
 
@@ -34,7 +33,7 @@ from typing_extensions import final
 
 from ._aiohttp_middleware import Middleware, _started
 from ._coordinator import ShutdownCoordinator
-from ._shape import awaited, called_from, finisher, stack_frames
+from ._shape import awaited, called_from, finisher, local_of, stack_frames
 
 __all__ = ("HotPath",)
 
@@ -45,17 +44,6 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 def _code(function: Any) -> Any:
     """The code object of a function or bound method (``None`` for other callables)."""
     return getattr(getattr(function, "__func__", function), "__code__", None)
-
-
-def _request_of(task: asyncio.Task[Any]) -> web.BaseRequest | None:
-    """The request a hot-path task serves: a local of one of its coroutines."""
-    for coroutine in awaited(task.get_coro()):
-        if not inspect.iscoroutine(coroutine):
-            continue
-        for value in inspect.getcoroutinelocals(coroutine).values():
-            if isinstance(value, web.BaseRequest):
-                return value
-    return None
 
 
 @final
@@ -139,7 +127,7 @@ class HotPath:
                 codes = {getattr(c, "cr_code", None) for c in awaited(task.get_coro())}
             if handle_code not in codes or middleware_code in codes:
                 continue
-            request = _request_of(task)
+            request = local_of(task.get_coro(), web.BaseRequest)  # the one it serves
             if request is None or request.protocol not in self.connections:
                 continue  # another application's (the same code serves every one)
             if request.path not in health:

@@ -33,7 +33,7 @@ from typing_extensions import final
 from . import _health
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
-from ._shape import awaited
+from ._shape import local_of
 from ._tracking import is_probe
 
 if TYPE_CHECKING:
@@ -198,10 +198,9 @@ class Middleware:
         """
         base = type(request)
         watching = self._watching.get(base)
-        if watching is None:
-            if base in self._watching.values():
-                return  # watched already
+        if watching is None:  # a watching class maps to itself: watched already
             watching = self._watching[base] = self._watching_class(base)
+            self._watching[watching] = watching
         # object's own __setattr__: aiohttp's debug mode warns about unknown attributes.
         object.__setattr__(request, "__class__", watching)
 
@@ -391,12 +390,7 @@ def _websocket_of(task: asyncio.Task[Any] | None) -> web.WebSocketResponse | Non
     """The prepared websocket among the locals of the coroutines ``task`` awaits."""
     if task is None:
         return None
-    for coroutine in awaited(task.get_coro()):
-        if inspect.iscoroutine(coroutine):
-            for value in inspect.getcoroutinelocals(coroutine).values():
-                if isinstance(value, web.WebSocketResponse) and value.prepared:
-                    return value
-    return None
+    return local_of(task.get_coro(), web.WebSocketResponse, lambda ws: ws.prepared)
 
 
 def _started(request: web.BaseRequest, state: _RequestState | None) -> bool:

@@ -30,7 +30,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
@@ -195,6 +195,22 @@ def awaited(coroutine: Any) -> list[Any]:
         chain.append(coroutine)
         coroutine = getattr(coroutine, "cr_await", None)
     return chain
+
+
+_T = TypeVar("_T")
+
+
+def local_of(
+    coroutine: Any, kind: type[_T], accept: Callable[[_T], bool] | None = None
+) -> _T | None:
+    """The first local of type ``kind`` (that ``accept`` takes) of ``coroutine`` and the
+    coroutines it awaits, outermost first (a request a task serves, its websocket)."""
+    for awaiting in awaited(coroutine):
+        if inspect.iscoroutine(awaiting):
+            for value in inspect.getcoroutinelocals(awaiting).values():
+                if isinstance(value, kind) and (accept is None or accept(value)):
+                    return value
+    return None
 
 
 def finisher(
