@@ -9,7 +9,8 @@ through ``graceful.aiohttp.AppRunner``:
   ``shutdown_timeout`` twice over;
 * the worker heartbeats (``notify()``) while accepting and draining, so the master's
   ``timeout`` never aborts a draining worker;
-* SIGTERM (shutdown, HUP reload, ``TTOU``) starts the policy, a second one escalates;
+* SIGTERM (shutdown, HUP reload, ``TTOU``) starts the policy; a repeat is the master's
+  relay of a process group's signal, however late, never an escalation;
   SIGINT and SIGQUIT — gunicorn's quick shutdown — stop at once; signals that arrive
   while the app is imported are kept and handled once the worker serves;
 * ``max_requests`` recycling and a changed parent drain at once (the siblings, or the
@@ -149,6 +150,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
     async def _serve(self) -> None:
         runner = await self._runner()
         coordinator = runner.coordinator
+        coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
         await runner.setup()
         try:
             context = _ssl_context(self.cfg) if self.cfg.is_ssl else None

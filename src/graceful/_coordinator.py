@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 from collections.abc import Awaitable, Callable, Collection
 from typing import Final
 
@@ -299,6 +300,27 @@ class ShutdownCoordinator(Tracking):
         policy; a second Ctrl-C still cuts what is left.
         """
         self._engine.signal_received(signum, quick)
+
+    def expect_relayed_signals(self, *signums: int) -> None:
+        """Take a repeat of each of ``signums`` for a relay of the first, never for an
+        escalation, however late it comes.
+
+        For a process whose parent relays signals: gunicorn's master sends its workers
+        the SIGTERM a process group already delivered to them, seconds later on a loaded
+        machine; gunicorn's quick shutdown is SIGINT or SIGQUIT (``quick``) and its
+        master owns SIGKILL.  Elsewhere a second SIGTERM within 0.3 s is taken for the
+        same event, a later one escalates.
+
+        Raises:
+            ValueError: if a signal number is not a valid signal.
+        """
+        valid = set(signal.valid_signals())
+        for signum in signums:
+            if isinstance(signum, bool) or signum not in valid:
+                raise ValueError(
+                    f"expect_relayed_signals: {signum!r} is not a signal number (signal.SIGTERM, …)"
+                )
+        self._engine.relayed = self._engine.relayed | frozenset(signums)
 
     def set_kill_deadline(self, wall_clock_s: float, *, source: str) -> None:
         """Set the kill deadline to an absolute wall-clock time (``time.time()`` seconds).

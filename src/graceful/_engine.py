@@ -183,6 +183,7 @@ class PhaseEngine:
         self._draining_at: float | None = None
         self.drain_duration: float | None = None
         self.cut_at_stopping = 0
+        self.relayed: frozenset[int] = frozenset()  # see expect_relayed_signals
 
     # ------------------------------------------------------------------- triggers
 
@@ -237,6 +238,18 @@ class PhaseEngine:
         self._enqueue(outcome.transitions)
 
     def signal_received(self, signum: int, quick: Collection[int]) -> None:
+        if (
+            signum in self.relayed
+            and self.requested_at is not None
+            and self._first_reason == signal_name(signum)
+        ):
+            logger.info(
+                "%s again %.0f ms after the first: relayed by the parent process, not an "
+                "escalation",
+                self._first_reason,
+                (self._owner._now() - self.requested_at) * 1000,
+            )
+            return
         interactive = signum == signal.SIGINT and in_terminal_foreground()
         self.request_shutdown(
             signal_name(signum) + (" (terminal)" if interactive else ""),

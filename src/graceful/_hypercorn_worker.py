@@ -14,7 +14,8 @@ shutdown policy (``GRACEFUL_POLICY``, ``GRACEFUL_IDLE``, … — see ``graceful 
 * the worker calls ``notify()`` from its event loop the whole time — serving, accepting,
   draining, stopping — so the master's ``timeout`` aborts a worker whose loop is stuck,
   never one that is draining;
-* SIGTERM (shutdown, ``HUP`` reload, ``TTOU``) starts the policy; SIGINT and SIGQUIT —
+* SIGTERM (shutdown, ``HUP`` reload, ``TTOU``) starts the policy (a repeat is the
+  master's relay, however late, never an escalation); SIGINT and SIGQUIT —
   gunicorn's quick shutdown — stop at once; signals that arrive while the app is still
   being imported are kept and acted on once the worker listens;
 * ``max_requests`` recycling drains at once (the sibling workers keep serving);
@@ -106,6 +107,7 @@ class HypercornWorker(Worker):  # type: ignore[misc]
         try:
             values = _config.gunicorn_values(self.cfg.graceful_timeout)  # the master warned already
             self.coordinator = _config.build_coordinator(values, hard_exit=True)
+            self.coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
         except ValueError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

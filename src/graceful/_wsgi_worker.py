@@ -288,6 +288,9 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         while self.alive and not self._draining:
             self.notify()
             for listener in self._ready(heartbeat):
+                # As gunicorn's own loop: a heartbeat right before each accept, so that a
+                # request that arrives after an idle wait gets the whole of ``--timeout``.
+                self.notify()
                 self._accept(listener)
             if not self.is_parent_alive():
                 break

@@ -16,7 +16,8 @@ gunicorn's own options):
   refused;
 * the worker keeps heartbeating (``notify()``) while accepting and draining, so the
   master's ``timeout`` never aborts a draining worker;
-* SIGTERM (shutdown, HUP reload, ``TTOU``) starts the policy; SIGINT and SIGQUIT —
+* SIGTERM (shutdown, HUP reload, ``TTOU``) starts the policy (a repeat is the master's
+  relay, however late, never an escalation); SIGINT and SIGQUIT —
   gunicorn's quick shutdown — stop at once.  A signal that arrives while the app is
   imported is kept and acted on once the server runs;
 * ``max_requests`` recycling drains at once (the sibling workers keep serving).
@@ -199,6 +200,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
         server = _config.build_server(
             values, self.config, quick_signals=(signal.SIGQUIT, signal.SIGINT), hard_exit=True
         )
+        server.coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
         await server.serve(sockets=self.sockets)
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

@@ -83,6 +83,7 @@ ADAPTER_API = (
     "start_background",
     "request_shutdown",
     "signal_received",
+    "expect_relayed_signals",
     "set_kill_deadline",
     "expect_kill_deadline",
     "notify_endpoint_removed",

@@ -1,0 +1,98 @@
+"""The gunicorn workers at production's edges: never worse than the stock worker.
+
+Each case is one place where graceful's worker once did worse than gunicorn's own
+(issue 28): a real gunicorn master, raw-socket clients, real signals.
+``benchmarks/gunicorn_edges.py`` runs the same scenarios under the stock worker beside
+graceful's and prints the table in ``docs/reliability.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from ._harness import (
+    ACCEPTING,
+    GUNICORN_LISTENING,
+    WSGI_APP,
+    Client,
+    Harness,
+    collect,
+    outcomes,
+    summarize,
+    worker_pids,
+)
+from .test_wsgi_workers import answered_and_closed
+
+pytest.importorskip("gunicorn")
+
+AIOHTTP_APP = "tests.integration.aiohttp_apps.app:app"
+SLOW_STARTED = r"started|slow request started"
+
+
+# ------------------------------------------------------------------ heartbeats
+
+
+def test_sync_worker_gives_a_request_after_an_idle_wait_the_whole_timeout(
+    harness: Harness, record: Callable[[str], None]
+) -> None:
+    """``--timeout 4``: the sync worker waits up to 2 s for a connection between two
+    heartbeats.  A 3.5 s request that arrives 1.8 s into that wait must get the whole
+    of ``--timeout`` (gunicorn's own sync worker heartbeats right before it accepts), not
+    be killed with WORKER TIMEOUT at 2.2 s."""
+    server = harness.gunicorn(
+        "--timeout", "4", app=WSGI_APP, worker_class="SyncWorker"
+    )  # fmt: skip
+    first = Client.connect(server.port)
+    first.request("/", "first")
+    collect([first], 10, until=answered_and_closed)
+    time.sleep(1.8)  # the scenario: an idle wait, shorter than the worker's 2 s select
+    slow = Client.connect(server.port)
+    slow.request("/slow?s=3.5", "slow")
+    collect([slow], 15, until=answered_and_closed)
+    results = outcomes([first, slow])
+    record(f"{summarize(results)}; WORKER TIMEOUT: {server.has_line('WORKER TIMEOUT')}")
+    assert [(r.kind, r.status) for r in results] == [("ok", 200), ("ok", 200)]
+    assert not server.has_line("WORKER TIMEOUT"), server.output()
+
+
+# ------------------------------------------------------------------ late relays
+
+
+@pytest.mark.parametrize("worker", ["UvicornWorker", "HypercornWorker", "AiohttpWorker"])
+def test_a_late_relay_of_sigterm_is_not_an_escalation(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """The worker gets SIGTERM from a process group's signal, and the master relays it
+    half a second later (a loaded machine): the request in flight is answered 200, as
+    under gunicorn's own workers, and nothing escalates."""
+    pytest.importorskip(
+        {"HypercornWorker": "hypercorn", "AiohttpWorker": "aiohttp"}.get(worker, "uvicorn")
+    )
+    app = AIOHTTP_APP if worker == "AiohttpWorker" else "tests.faults.apps.basic:app"
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", app=app, worker_class=worker, env={"GRACEFUL_IDLE": "0.5"},
+        wait=False,
+    )  # fmt: skip
+    server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20)[1])
+    server.wait_for_line(r"policy .*; kill deadline", timeout_s=20)
+    (pid,) = worker_pids(server)
+    slow = Client.connect(server.port)
+    slow.request("/slow?s=2", "inflight")
+    server.wait_for_line(SLOW_STARTED)
+    os.kill(pid, signal.SIGTERM)  # the process group's copy
+    server.wait_for_line(ACCEPTING)
+    time.sleep(0.5)  # the scenario: the master's relay comes late
+    server.proc.send_signal(signal.SIGTERM)  # the master relays it to the worker
+    collect([slow], 15, until=answered_and_closed)
+    results = outcomes([slow])
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; escalated: {server.has_line('escalated')}; exit {code}")
+    assert [(r.kind, r.status) for r in results] == [("ok", 200)], server.output()
+    assert not server.has_line("escalated"), server.output()
+    assert server.has_line(r"SIGTERM again \d+ ms after the first: relayed"), server.output()
+    assert code == 0
