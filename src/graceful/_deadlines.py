@@ -25,12 +25,14 @@ The timeline of one shutdown::
 * ``exit_by = kill - exit_margin(kill_margin_s)``: the last stopping step ends here, and
   a process that owns its exit (``hard_exit``) leaves here whatever the app is doing.
 * ``accept_by``: the latest end of accepting that leaves draining the time it needs.
-  That need is *measured*: the longest recent request (requests are timed from the
-  shutdown request on, see ``graceful._tracking``) times a safety factor, at least
-  ``MIN_DRAIN_BUDGET_S``.  It is bounded by the conservative rule that applies
+  That need is *measured*: the longest request to expect (``graceful._tracking``: the
+  longest measured, or the age of the oldest still running) times a safety factor, at
+  least ``MIN_DRAIN_BUDGET_S``.  It is bounded by the conservative rule that applies
   before anything was measured: the drain timeout, but at most half of what is left
-  before ``stop_by``.  So serve-until-killed with a 30 s grace period and 0.1 s requests
-  accepts until 28 s, not 14.5 s.
+  before ``stop_by``.  The plan at the shutdown request is a promise (the log's
+  "accepting at most X s"): the engine lets later measurements end accepting sooner,
+  never later.  So serve-until-killed with a 30 s grace period and 0.1 s requests
+  measured before the SIGTERM accepts until 28 s; with nothing measured, 14.5 s.
 """
 
 from __future__ import annotations

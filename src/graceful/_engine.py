@@ -79,6 +79,10 @@ __all__ = (
 
 logger: Final = logging.getLogger("graceful")
 
+#: While accepting with a request in flight, the budget is looked at again this often
+#: (the request's age is evidence of how long draining needs).
+AGE_RECHECK_S: Final = 0.1
+
 #: A repeat of the first shutdown request's reason (``"SIGTERM"``) this soon after it is
 #: the same event arriving twice, not a second request: a signal sent to a process group
 #: reaches a gunicorn worker from the kernel and again from the master relaying it
@@ -223,7 +227,7 @@ class PhaseEngine:
             self._first_reason = reason
             started = owner._requests_total + owner._external_requests()[1]
             self.totals_at_request = (owner._connections_total, started)
-            owner._timing = True  # measure what draining will need
+            owner._start_timing(now)  # measure what draining will need
             self._plan(now)
         outcome: RequestOutcome = self._table.request_shutdown(
             reason, escalate=escalate, immediate=immediate, drain_now=drain_now
@@ -421,6 +425,9 @@ class PhaseEngine:
             timeout = None
             if decision.recheck_at is not None:
                 timeout = max(0.0, decision.recheck_at - owner._now())
+            if owner.oldest_request_age_s() is not None:
+                # A request in flight grows the budget as it ages: look again soon.
+                timeout = AGE_RECHECK_S if timeout is None else min(timeout, AGE_RECHECK_S)
             await self._wait_for_change(timeout)
 
     async def _drain(self) -> None:
@@ -500,13 +507,18 @@ class PhaseEngine:
 
     def _accept_deadline(self, d: Deadlines) -> float:
         """``accept_by`` with the drain budget measured now (requests keep being timed
-        while accepting, so the estimate follows the traffic)."""
+        while accepting, so the estimate follows the traffic), never later than the
+        plan announced: "accepting at most X s" is a promise, and a budget that shrank
+        for a slow request does not grow back when fast ones follow."""
         assert self.requested_at is not None
-        return _deadlines.accept_by(
-            requested_at=self.requested_at,
-            stop_by=d.stop_by,
-            drain_timeout_s=self._owner.drain_timeout_s,
-            longest_request_s=self._owner.longest_request_s(),
+        return min(
+            d.accept_by,
+            _deadlines.accept_by(
+                requested_at=self.requested_at,
+                stop_by=d.stop_by,
+                drain_timeout_s=self._owner.drain_timeout_s,
+                longest_request_s=self._owner.longest_request_s(),
+            ),
         )
 
     def _plan(self, requested_at: float) -> None:
@@ -530,7 +542,12 @@ class PhaseEngine:
                 _deadlines.DEFAULT_GRACE_PERIOD_S,
             )
         if not first:
-            logger.info("kill deadline from %s: SIGKILL in %.1f s", d.kill_source, d.kill - now)
+            accepting = ""
+            if self.phase is Phase.ACCEPTING:
+                accepting = f"; accepting at most {max(0.0, d.accept_by - now):.1f} s more"
+            logger.info(
+                "kill deadline from %s: SIGKILL in %.1f s%s", d.kill_source, d.kill - now, accepting
+            )
         if self.drain_deadline is not None:
             self.drain_deadline = min(self.drain_deadline, d.stop_by)
         if owner.hard_exit:

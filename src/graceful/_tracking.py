@@ -9,12 +9,15 @@ Measuring requests, cheaply
 ---------------------------
 How long draining needs is measured, not guessed (see ``graceful._deadlines``): from
 the moment shutdown is requested every request is timed (``request_started`` returns the
-start time, ``request_finished`` takes it back), and the longest of the last 32 to 64
-durations is the estimate (two windows, O(1) per request).  While serving normally the
-only cost is one flag test: the hot path of a server that is not shutting down stays as
-cheap as it can be.  The accepting phase starts with the conservative budget and
-extends itself as soon as requests were measured — for serve-until-killed that is within
-the first moments of a long accepting phase.
+start time, ``request_finished`` takes it back).  The estimate is the longest duration
+sampled — while serving the longest of the last 32 to 64 (two windows, O(1) per
+request), from the shutdown request on every one, so that a slow request seen at +1 s
+still counts at +7 s however much fast traffic came between — or the age of the oldest
+request still running, if it is older: a 3 s request in flight is evidence before it
+ends.  While serving normally the only cost is one flag test: the hot path of a server
+that is not shutting down stays as cheap as it can be.  An adapter whose requests
+cost far more than a clock read (the WSGI workers) measures from the start
+(``measure_requests_always``), so the budget at SIGTERM already knows its traffic.
 
 Probes are not traffic
 ----------------------
@@ -46,6 +49,7 @@ coordinator's other half (phases, deadlines, the ``run`` task) lives in
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Callable
 from types import TracebackType
@@ -163,8 +167,10 @@ class Tracking:
         "_connections",
         "_connections_total",
         "_draining",
+        "_finished_starts",
         "_first_requests",
         "_last_activity_at",
+        "_measuring",
         "_nudging",
         "_previous_max",
         "_request_source",
@@ -173,7 +179,10 @@ class Tracking:
         "_requests_total",
         "_samples",
         "_sessions",
+        "_shutdown_since",
+        "_starts",
         "_timing",
+        "_untimed_in_flight",
         "_window_max",
         "_window_n",
         "_zero_waiters",
@@ -196,7 +205,16 @@ class Tracking:
         self._activity_from_requests = False
         self._first_requests: set[object] = set()
         self._zero_waiters = 0
-        self._timing = False  # time requests: set once shutdown was requested
+        self._timing = False  # shutdown was requested: time requests, watch activity
+        self._measuring = False  # time requests while serving too (measure_requests_always)
+        # See "Measuring requests": the start times of timed requests in flight, oldest
+        # first (those finished out of order wait in _finished_starts), and how many
+        # requests still in flight started before requests were timed (at _shutdown_since
+        # or before).
+        self._starts: collections.deque[float] = collections.deque()
+        self._finished_starts: collections.Counter[float] = collections.Counter()
+        self._untimed_in_flight = 0
+        self._shutdown_since: float | None = None
         self._samples = 0
         self._window_max = 0.0
         self._window_n = 0
@@ -246,33 +264,85 @@ class Tracking:
         ``None``.
         """
         self._requests_total += 1
-        return self._now() if self._timing else None
+        if not (self._timing or self._measuring):
+            return None
+        now = self._now()
+        self._starts.append(now)
+        return now
 
     def request_finished(self, started_at: float | None = None) -> None:
         """The request counted by ``request_started`` ended (however it ended)."""
         self._requests_done += 1
         if started_at is not None:
             self._sample(self._now() - started_at)
+            self._started_finished(started_at)
+        elif self._untimed_in_flight:
+            self._untimed_in_flight -= 1
         if self._zero_waiters and self._requests_done == self._requests_total:
             self._notify()
 
     def _sample(self, duration: float) -> None:
-        # Two windows of _WINDOW samples: the estimate is the longest of the current
-        # and the previous one, so an old outlier ages out in O(1) per sample.
+        # While serving, two windows of _WINDOW samples: the estimate is the longest of
+        # the current and the previous one, so an old outlier ages out in O(1) per
+        # sample.  From the shutdown request on nothing ages out: a long request seen
+        # at its start still counts at its end, whatever fast traffic came between.
         if not self._samples or duration > max(self._window_max, self._previous_max):
             self._notify()  # the drain budget grew: the accepting phase may end sooner
         self._samples += 1
         if duration > self._window_max:
             self._window_max = duration
         self._window_n += 1
-        if self._window_n >= _WINDOW:
+        if self._window_n >= _WINDOW and not self._timing:
             self._previous_max, self._window_max, self._window_n = self._window_max, 0.0, 0
 
+    def _started_finished(self, started_at: float) -> None:
+        """A timed request ended: forget its start (oldest first, the rest lazily)."""
+        starts, finished = self._starts, self._finished_starts
+        if starts and starts[0] == started_at:
+            starts.popleft()
+            while starts and finished and finished[starts[0]]:
+                finished[starts[0]] -= 1
+                if not finished[starts[0]]:
+                    del finished[starts[0]]
+                starts.popleft()
+        else:
+            finished[started_at] += 1
+
+    def _start_timing(self, now: float) -> None:
+        """The shutdown request: from now on time every request and keep every sample;
+        the requests in flight now started at ``now`` at the latest."""
+        self._timing = True
+        self._shutdown_since = now
+        timed = len(self._starts) - sum(self._finished_starts.values())
+        self._untimed_in_flight = max(0, self._requests - timed)
+
+    def measure_requests_always(self) -> None:
+        """Time every request from now on, not only from the shutdown request.
+
+        For adapters whose per-request cost allows a clock read (the WSGI workers):
+        the drain budget then knows at SIGTERM how long this process's requests take,
+        instead of assuming the conservative budget until it has measured some.
+        """
+        self._measuring = True
+
+    def oldest_request_age_s(self) -> float | None:
+        """How long the oldest request in flight has run, at least (``None``: none in
+        flight, or requests are not timed yet)."""
+        if self._untimed_in_flight and self._shutdown_since is not None:
+            return self._now() - self._shutdown_since
+        if self._starts:
+            return self._now() - self._starts[0]
+        return None
+
     def longest_request_s(self) -> float | None:
-        """The longest of the recently sampled request durations (``None``: none yet)."""
+        """The longest request to expect: the longest recently sampled (every one since
+        the shutdown request), or the oldest still running if it has run longer
+        (``None``: none yet)."""
+        age = self.oldest_request_age_s()
         if not self._samples:
-            return None
-        return max(self._window_max, self._previous_max)
+            return age
+        longest = max(self._window_max, self._previous_max)
+        return longest if age is None else max(longest, age)
 
     def add_request_source(self, source: Callable[[], tuple[int, int]]) -> None:
         """Let a server count some requests itself instead of reporting each one.

@@ -116,6 +116,7 @@ class _GracefulWSGIWorker:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
         coordinator = _config.build_coordinator(values, hard_exit=True)
         coordinator.classify_connections()  # the middleware reports first requests
+        coordinator.measure_requests_always()  # the drain budget knows them at SIGTERM
         coordinator.subscribe(self._on_phase)
         self.graceful = CoordinatorThread(coordinator)
         super().load_wsgi()  # type: ignore[misc]

@@ -78,6 +78,7 @@ ADAPTER_API = (
     "classify_connections",
     "first_request",
     "add_request_source",
+    "measure_requests_always",
     "add_stopping_step",
     "subscribe",
     "start_background",
