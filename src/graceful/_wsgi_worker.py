@@ -42,6 +42,8 @@ import math
 import os
 import select
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -68,6 +70,27 @@ _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 #: (after the coordinator's own hard exit, which needs the GIL too).
 EXIT_BEFORE_S = 0.5
 ALARM_AFTER_S = 0.05
+#: While accepting, the listeners' accept queues are looked at this often (see
+#: ``_backlog_waiting``).
+QUEUE_CHECK_S = 0.1
+#: ``struct tcp_info``'s ``tcpi_unacked``: on a listening socket, the connections in its
+#: accept queue (Linux, ``include/uapi/linux/tcp.h``; 8 single bytes, then 32-bit fields).
+_TCPI_UNACKED = struct.Struct("=24xI")
+
+
+def _accept_queue(sock: Any) -> int:
+    """How many connections wait in ``sock``'s accept queue (0 where unknown)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+        return 0
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCPI_UNACKED.size)
+    except OSError:
+        return 0
+    if len(info) < _TCPI_UNACKED.size:
+        return 0
+    queued: int = _TCPI_UNACKED.unpack_from(info)[0]
+    return queued
 
 
 class _GracefulWSGIWorker:
@@ -241,10 +264,20 @@ class _GracefulWSGIWorker:
         assert self.graceful is not None
         c = self.coordinator
         stopped = False
+        next_beat = 0.0
         while True:
-            left = self._exit_at() - time.monotonic()
+            now = time.monotonic()
+            left = self._exit_at() - now
             if left <= 0:
                 break
+            if c.accepting:
+                self._backlog_waiting()
+                wait = min(QUEUE_CHECK_S, left)
+                if now >= next_beat:
+                    self.notify()
+                    next_beat = now + beat
+                if not self.graceful.wait_for_phase(Phase.STOPPED, wait):
+                    continue
             wait = min(beat, left)
             if stopped:  # gunicorn's own exit normally ends the process meanwhile
                 time.sleep(wait)
@@ -261,6 +294,15 @@ class _GracefulWSGIWorker:
         )
         logging.shutdown()
         os._exit(1)
+
+    def _backlog_waiting(self) -> None:
+        """While accepting: connections waiting in a listener's accept queue are traffic
+        the worker has not taken yet (every thread in a request, a sync worker in one):
+        the kernel's evidence restarts the idle window, where the absence of accepts
+        would end it while the queue fills."""
+        if any(_accept_queue(listener) for listener in self.sockets):
+            assert self.graceful is not None
+            self.graceful.call(self.coordinator.report_activity)
 
     def _stop_accepting(self) -> None:
         """Draining began: stop accepting (the worker class says how)."""

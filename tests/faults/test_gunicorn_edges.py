@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ import pytest
 
 from ._harness import (
     ACCEPTING,
+    DRAINING,
     GUNICORN_LISTENING,
     WSGI_APP,
     Client,
@@ -95,4 +97,45 @@ def test_a_late_relay_of_sigterm_is_not_an_escalation(
     assert [(r.kind, r.status) for r in results] == [("ok", 200)], server.output()
     assert not server.has_line("escalated"), server.output()
     assert server.has_line(r"SIGTERM again \d+ ms after the first: relayed"), server.output()
+    assert code == 0
+
+
+# ------------------------------------------------------------------ busy is not idle
+
+
+def test_a_busy_sync_worker_is_not_idle(harness: Harness, record: Callable[[str], None]) -> None:
+    """The only worker is inside a 3 s request at SIGTERM while a balancer keeps sending
+    new connections for 4 s (one every 50 ms): they wait in the listener's accept
+    queue, which the kernel reports — the idle window (1 s) must not run out while the
+    worker cannot accept (it did, and connections after the backlog was served were
+    refused when the traffic came in bursts)."""
+    server = harness.gunicorn(
+        "--graceful-timeout", "20", app=WSGI_APP, worker_class="SyncWorker",
+        env={"GRACEFUL_IDLE": "1"},
+    )  # fmt: skip
+    slow = Client.connect(server.port)
+    slow.request("/slow?s=3", "busy")
+    server.wait_for_line(r"started busy")
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(ACCEPTING)
+    clients = [slow]
+    began = time.monotonic()
+    for i in range(80):  # bounded: 80 connections over about 4 s
+        client = Client.connect(server.port)
+        if client.end is None and client.sock is not None:
+            client.request("/", f"c{i}")
+            client.sock.shutdown(socket.SHUT_WR)  # a one-request client, done sending
+        clients.append(client)
+        due = began + (i + 1) * 0.05
+        if due > time.monotonic():
+            time.sleep(due - time.monotonic())  # the balancer's pace
+    # Traffic arrived the whole time (queued while the worker was busy): accepting
+    # has not ended.
+    still_accepting = not server.has_line(DRAINING)
+    collect(clients, 20, until=answered_and_closed)
+    results = outcomes(clients)
+    code = server.wait_exit(30)
+    record(f"{summarize(results)}; accepting through the window: {still_accepting}; exit {code}")
+    assert still_accepting, server.output()
+    assert [r for r in results if r.kind != "ok" or r.status != 200] == [], summarize(results)
     assert code == 0
