@@ -423,8 +423,14 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
 
     def set_accept_enabled(self, enabled: bool) -> None:
         """gunicorn 24+: before the listeners leave the loop at the stop, accept what
-        already waits in the backlog (the stock worker leaves it to be reset)."""
-        if not enabled and self.coordinator.draining:
+        already waits in the backlog (the stock worker leaves it to be reset), then
+        close this worker's copy of the listeners at once.  gunicorn's stop keeps them
+        open until the last request ends: a connection queued meanwhile was reset at
+        that close, after its client had sent its request; closed now, a sibling that
+        still accepts takes it, or, with none left, the connect is refused (safe to
+        retry)."""
+        draining = not enabled and self.coordinator.draining
+        if draining:
             for listener in self.sockets:
                 for _ in range(self.cfg.worker_connections):
                     if self.nr_conns >= self.cfg.worker_connections:
@@ -434,3 +440,6 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
                     if self.nr_conns == before:  # nothing was waiting
                         break
         super().set_accept_enabled(enabled)
+        if draining:
+            for listener in self.sockets:
+                listener.close()  # gunicorn closes them again at the end: a no-op

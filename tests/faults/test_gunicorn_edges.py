@@ -33,6 +33,7 @@ from .test_wsgi_workers import answered_and_closed
 pytest.importorskip("gunicorn")
 
 AIOHTTP_APP = "tests.integration.aiohttp_apps.app:app"
+THREADS = ["--threads", "4"]
 SLOW_STARTED = r"started|slow request started"
 
 
@@ -138,4 +139,52 @@ def test_a_busy_sync_worker_is_not_idle(harness: Harness, record: Callable[[str]
     record(f"{summarize(results)}; accepting through the window: {still_accepting}; exit {code}")
     assert still_accepting, server.output()
     assert [r for r in results if r.kind != "ok" or r.status != 200] == [], summarize(results)
+    assert code == 0
+
+
+# ------------------------------------------------------------------ after the sweep
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GRACEFUL_POLICY": "serve-until-killed", "GRACEFUL_MAX_WAIT": "0.3"},
+        {"GRACEFUL_IDLE": "0.3", "GRACEFUL_NUDGE_CLIENTS": "false"},
+    ],
+    ids=["serve-until-killed", "no-nudge"],
+)
+def test_thread_worker_leaves_nothing_queued_after_its_backlog_sweep(
+    harness: Harness, record: Callable[[str], None], env: dict[str, str]
+) -> None:
+    """A 2 s request keeps the ThreadWorker in gunicorn's stop while new connections
+    keep coming (one every 20 ms for 2.5 s): once the worker swept its backlog, no
+    connection may wait on a listener it no longer serves — each is served or refused
+    (safe to retry), none reset after its request was sent."""
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", *THREADS, app=WSGI_APP, worker_class="ThreadWorker",
+        env=env,
+    )  # fmt: skip
+    slow = Client.connect(server.port)
+    slow.request("/slow?s=2", "inflight")
+    server.wait_for_line(r"started inflight")
+    server.signal(signal.SIGTERM)
+    clients = [slow]
+    began = time.monotonic()
+    for i in range(125):  # bounded: 125 connections over about 2.5 s
+        client = Client.connect(server.port)
+        if client.end is None and client.sock is not None:
+            client.request("/", f"c{i}")
+            client.sock.shutdown(socket.SHUT_WR)
+        clients.append(client)
+        due = began + (i + 1) * 0.02
+        if due > time.monotonic():
+            time.sleep(due - time.monotonic())  # the balancer's pace
+    collect(clients, 20, until=answered_and_closed)
+    results = outcomes(clients)
+    code = server.wait_exit(30)
+    record(f"{summarize(results)}; exit {code}")
+    assert [r for r in results if r.kind == "lost"] == [], summarize(results)
+    assert [r.status for r in results if r.kind == "ok"] == [200] * sum(
+        r.kind == "ok" for r in results
+    )
     assert code == 0
