@@ -822,8 +822,8 @@ def gunicorn_values(
     workers: int | None = None,
 ) -> Values:
     """The options of a gunicorn worker (uvicorn, hypercorn, aiohttp): ``GRACEFUL_*``,
-    with gunicorn's ``graceful_timeout`` as the grace period; a timeout not above the
-    default kill margin shrinks the margin to a quarter of it, with a warning; the
+    with gunicorn's ``graceful_timeout`` as the grace period; the default kill margin is
+    at most a quarter of it (with a warning when the timeout is not above it); the
     variables of settings gunicorn owns are ignored, with a warning, as are unknown
     ``GRACEFUL_*`` variables; with ``workers`` (gunicorn's ``--workers``) a metrics
     endpoint without multiprocess mode is warned of.
@@ -840,9 +840,11 @@ def gunicorn_values(
         )
     overrides: dict[str, tuple[object, str]] = {"grace_period": (grace, "--graceful-timeout")}
     margin = option("kill_margin")
-    if margin.env not in environ and grace <= margin.default:
+    # The margin scales with a short timeout: at most a quarter of it (stock gunicorn
+    # serves a request until the SIGKILL; a fixed second would cut what it completes).
+    if margin.env not in environ and grace / 4 < margin.default:
         overrides["kill_margin"] = (grace / 4, "the kill margin")
-        if warn is not None:
+        if warn is not None and grace <= margin.default:
             warn(
                 f"graceful: --graceful-timeout {grace:g} is not above the default kill margin "
                 f"({margin.default:g} s): stopping gets {grace / 4:g} s (set "

@@ -58,18 +58,27 @@ from ._config import ConfigError
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 from ._signals import leave_signals_to_main_thread
-from .wsgi import CoordinatorThread, GracefulMiddleware
+from .wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
 
 logger = logging.getLogger("graceful")
 
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 #: The heartbeat ends a worker still running this long before the exit deadline (which
 #: counts from this worker's SIGTERM, the master's SIGKILL from the master's own: the
-#: relay reaches a worker late under load, CI saw more than a quarter second);
-#: SIGALRM's default action ends one that holds the GIL this long after the deadline
-#: (after the coordinator's own hard exit, which needs the GIL too).
+#: relay reaches a worker late under load, CI saw more than a quarter second), but at
+#: most this share of ``--graceful-timeout``: a short one is not eaten by the margin
+#: (``--graceful-timeout 1`` left 0.44 s, and cut a 0.8 s request stock gunicorn
+#: answers).  SIGALRM's default action ends one that holds the GIL halfway between the
+#: heartbeat's exit and the exit deadline (after the coordinator's own hard exit, which
+#: needs the GIL too).
 EXIT_BEFORE_S = 0.5
-ALARM_AFTER_S = 0.05
+EXIT_BEFORE_SHARE = 0.1
+#: What a request the exit cuts before its response started is answered (not a bare
+#: EOF: a 503 tells the client the request was not served, and it may retry).
+_CUT_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain"
+    b"\r\nContent-Length: 34\r\nRetry-After: 0\r\n\r\nshutting down: request not served\n"
+)
 #: While accepting, the listeners' accept queues are looked at this often (see
 #: ``_backlog_waiting``).
 QUEUE_CHECK_S = 0.1
@@ -101,6 +110,7 @@ class _GracefulWSGIWorker:
 
     cfg: Any
     log: Any
+    sockets: list[Any]
     wsgi: Any
     timeout: float
     notify: Any
@@ -123,6 +133,7 @@ class _GracefulWSGIWorker:
         self._beating = False  # the heartbeat thread runs
         self._holding = False  # the drain waits for this worker's loop (module docs)
         self._held_since: float | None = None  # what request_started returned for it
+        self._in_flight: dict[int, tuple[Any, Any]] = {}  # requests the exit answers (_cut)
 
     @property
     def coordinator(self) -> ShutdownCoordinator:
@@ -160,19 +171,50 @@ class _GracefulWSGIWorker:
 
     def _closing(self, app: Any) -> Any:
         """``app``, whose responses close their connection while the policy nudges
-        clients.  gunicorn drops a ``Connection`` header the app sets (hop-by-hop) and
-        decides itself: its response's ``force_close()`` is the way to ask."""
+        clients, and whose requests in flight the exit can answer (``_cut``).
+        gunicorn drops a ``Connection`` header the app sets (hop-by-hop) and decides
+        itself: its response's ``force_close()`` is the way to ask."""
         coordinator = self.coordinator
+        in_flight = self._in_flight
 
         def closing(environ: dict[str, Any], start_response: Any) -> Any:
+            response = getattr(start_response, "__self__", None)
             if coordinator.nudging:
-                response = getattr(start_response, "__self__", None)
                 force_close = getattr(response, "force_close", None)
                 if force_close is not None:
                     force_close()
-            return app(environ, start_response)
+            sock = environ.get("gunicorn.socket")
+            if sock is None or response is None:
+                return app(environ, start_response)
+            key = id(environ)
+            in_flight[key] = (sock, response)
+            try:
+                result = app(environ, start_response)
+            except BaseException:
+                in_flight.pop(key, None)
+                raise
+
+            def done() -> None:
+                in_flight.pop(key, None)
+
+            return _Tracked(result, done)
 
         return closing
+
+    def _cut(self) -> int:
+        """At the exit: answer 503 on each request in flight whose response has not
+        started (gunicorn's ``headers_sent``), so that its client gets an answer it may
+        retry instead of a bare EOF; return how many."""
+        cut = 0
+        for sock, response in list(self._in_flight.values()):
+            if getattr(response, "headers_sent", True):
+                continue  # a response under way: nothing clean to say
+            with contextlib.suppress(OSError):
+                sock.setblocking(True)
+                sock.settimeout(0.05)
+                sock.sendall(_CUT_RESPONSE)
+                cut += 1
+        return cut
 
     def _prestop_waits(self) -> bool:
         """Whether a preStop request may wait for draining (not with one thread)."""
@@ -221,7 +263,10 @@ class _GracefulWSGIWorker:
         deadlines = self.coordinator.deadlines
         if deadlines is not None:  # the coordinator's clock is asyncio's: monotonic
             at = min(at, deadlines.exit_by)
-        return at - EXIT_BEFORE_S
+        return at - self._exit_before_s()
+
+    def _exit_before_s(self) -> float:
+        return min(EXIT_BEFORE_S, EXIT_BEFORE_SHARE * float(self.cfg.graceful_timeout))
 
     def _arm_alarm(self) -> None:
         """Last resort for an app that holds the interpreter, so that no thread of ours
@@ -234,7 +279,7 @@ class _GracefulWSGIWorker:
         grace = float(self.cfg.graceful_timeout)
         # After the heartbeat's exit (see _exit_at) and the coordinator's, most of the
         # exit margin before SIGKILL: the signal may reach this worker late under load.
-        at = self._signalled_at + grace - exit_margin + ALARM_AFTER_S
+        at = self._signalled_at + grace - exit_margin - self._exit_before_s() / 2
         signal.setitimer(signal.ITIMER_REAL, max(0.001, at - time.monotonic()))
 
     # ------------------------------------------------------- the coordinator
@@ -287,10 +332,12 @@ class _GracefulWSGIWorker:
                 stopped = True
             else:
                 self.notify()
+        cut = self._cut()
         logger.error(
             "still alive at the last moment before SIGKILL (phase %s, a request still "
-            "runs); exiting",
+            "runs); exiting%s",
             c.phase,
+            f", {cut} request{'s' if cut != 1 else ''} answered 503" if cut else "",
         )
         logging.shutdown()
         os._exit(1)

@@ -188,3 +188,53 @@ def test_thread_worker_leaves_nothing_queued_after_its_backlog_sweep(
         r.kind == "ok" for r in results
     )
     assert code == 0
+
+
+# ------------------------------------------------------------------ short timeouts
+
+
+@pytest.mark.parametrize(("timeout", "seconds"), [("1", "0.8"), ("2", "1.6")])
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_a_short_graceful_timeout_serves_what_stock_completes(
+    harness: Harness, record: Callable[[str], None], worker: str, timeout: str, seconds: str
+) -> None:
+    """A request that ends well within ``--graceful-timeout`` of SIGTERM (0.8 s of 1 s,
+    1.6 s of 2 s) is answered, as stock gunicorn answers it: the margins scale with the
+    timeout."""
+    server = harness.gunicorn(
+        "--graceful-timeout", timeout, *(THREADS if worker == "ThreadWorker" else []),
+        app=WSGI_APP, worker_class=worker,
+    )  # fmt: skip
+    slow = Client.connect(server.port)
+    slow.request(f"/slow?s={seconds}", "inflight")
+    server.wait_for_line(r"started inflight")
+    server.signal(signal.SIGTERM)
+    collect([slow], 10, until=answered_and_closed)
+    results = outcomes([slow])
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; exit {code}")
+    assert [(r.kind, r.status) for r in results] == [("ok", 200)], server.output()
+
+
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_a_request_the_exit_cuts_is_answered_503(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """A request that cannot finish before the master's SIGKILL (5 s under
+    ``--graceful-timeout 2``) is answered 503 with ``Connection: close`` at the exit —
+    never a bare EOF — and the master kills no worker."""
+    server = harness.gunicorn(
+        "--graceful-timeout", "2", *(THREADS if worker == "ThreadWorker" else []),
+        app=WSGI_APP, worker_class=worker,
+    )  # fmt: skip
+    slow = Client.connect(server.port)
+    slow.request("/slow?s=5", "inflight")
+    server.wait_for_line(r"started inflight")
+    server.signal(signal.SIGTERM)
+    collect([slow], 10, until=answered_and_closed)
+    results = outcomes([slow])
+    code = server.wait_exit(20)
+    killed = server.has_line(r"was sent SIGKILL|signal 9")
+    record(f"{summarize(results)}; SIGKILL: {killed}; exit {code}")
+    assert [(r.kind, r.status) for r in results] == [("ok", 503)], server.output()
+    assert not killed, server.output()
