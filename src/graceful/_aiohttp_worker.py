@@ -49,6 +49,7 @@ from ._aiohttp_runner import AppRunner
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 from ._signals import catch_signals, defer_signals
+from .gunicorn import master_listens
 
 __all__ = ("AiohttpWorker",)
 
@@ -151,6 +152,7 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
         runner = await self._runner()
         coordinator = runner.coordinator
         coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
+        coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))
         await runner.setup()
         try:
             context = _ssl_context(self.cfg) if self.cfg.is_ssl else None

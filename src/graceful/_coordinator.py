@@ -153,6 +153,7 @@ class ShutdownCoordinator(Tracking):
         self.hard_exit: Final = _check_bool("hard_exit", hard_exit)
         self._engine: Final = PhaseEngine(self)
         self._announced = False
+        self._pod_serving: Callable[[], bool] | None = None  # see report_pod_serving
 
     # ------------------------------------------------------------------ reading
 
@@ -300,6 +301,29 @@ class ShutdownCoordinator(Tracking):
         policy; a second Ctrl-C still cuts what is left.
         """
         self._engine.signal_received(signum, quick)
+
+    def report_pod_serving(self, check: Callable[[], bool]) -> None:
+        """Let readiness stay 200 after the shutdown request while ``check()`` says the
+        pod still serves through other processes.
+
+        Readiness is the pod's, not one process's: a gunicorn worker replaced in a
+        ``HUP`` reload, a ``TTOU`` or a ``max_requests`` recycle shuts down while its
+        master and siblings keep serving, and a probe answered 503 then takes the pod
+        out of rotation for nothing.  ``check`` runs at each readiness probe (on the
+        event loop: it must be quick); an exception counts as "not serving".
+        """
+        self._pod_serving = _check_callable("check", check)
+
+    def pod_still_serving(self) -> bool:
+        """Whether the check given to ``report_pod_serving`` says the pod still serves
+        (``False`` without one)."""
+        check = self._pod_serving
+        if check is None:
+            return False
+        try:
+            return bool(check())
+        except Exception:
+            return False
 
     def expect_relayed_signals(self, *signums: int) -> None:
         """Take a repeat of each of ``signums`` for a relay of the first, never for an

@@ -28,6 +28,8 @@ def readiness(
     draining on) and while the app starts (``starting``: lifespan startup not done)."""
     c = coordinator
     if c.shutdown_requested and (on_shutdown == "fail" or not c.accepting):
+        if c.pod_still_serving():
+            return 200, f"ready (this process {c.phase}, the pod still serving)\n"
         return 503, f"shutting down ({c.phase})\n"
     if starting:
         return 503, "starting\n"

@@ -40,6 +40,7 @@ from hypercorn.config import Config, Sockets
 from . import _config, _logging
 from ._coordinator import ShutdownCoordinator
 from ._signals import defer_signals
+from .gunicorn import master_listens
 from .hypercorn import WorkerClass, serve
 
 __all__ = ("HypercornTrioWorker", "HypercornUvloopWorker", "HypercornWorker")
@@ -108,6 +109,7 @@ class HypercornWorker(Worker):  # type: ignore[misc]
             values = _config.gunicorn_values(self.cfg.graceful_timeout)  # the master warned already
             self.coordinator = _config.build_coordinator(values, hard_exit=True)
             self.coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
+            self.coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))
         except ValueError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

@@ -58,6 +58,7 @@ from ._config import ConfigError
 from ._coordinator import ShutdownCoordinator
 from ._policy import Phase
 from ._signals import leave_signals_to_main_thread
+from .gunicorn import master_listens
 from .wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
 
 logger = logging.getLogger("graceful")
@@ -111,6 +112,7 @@ class _GracefulWSGIWorker:
     cfg: Any
     log: Any
     sockets: list[Any]
+    ppid: int
     wsgi: Any
     timeout: float
     notify: Any
@@ -151,6 +153,7 @@ class _GracefulWSGIWorker:
         coordinator = _config.build_coordinator(values, hard_exit=True)
         coordinator.classify_connections()  # the middleware reports first requests
         coordinator.measure_requests_always()  # the drain budget knows them at SIGTERM
+        coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))
         coordinator.subscribe(self._on_phase)
         self.graceful = CoordinatorThread(coordinator)
         super().load_wsgi()  # type: ignore[misc]

@@ -32,10 +32,12 @@ The same guarantees for the other servers, each importing only its own server:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gunicorn.arbiter import Arbiter
@@ -62,6 +64,7 @@ __all__ = (
     "ThreadWorker",
     "UvicornH11Worker",
     "UvicornWorker",
+    "master_listens",
 )
 
 _ELSEWHERE = {
@@ -85,6 +88,35 @@ def __getattr__(name: str) -> Any:
 
 
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+
+def master_listens(ppid: int, sockets: Iterable[Any]) -> Callable[[], bool]:
+    """A check (``ShutdownCoordinator.report_pod_serving``) whether gunicorn's master
+    still holds one of ``sockets``: it closes its listeners when it stops, and keeps them
+    through a ``HUP`` reload, a ``TTOU`` and a ``max_requests`` recycle, when the pod
+    still serves through the other workers.  The kernel's answer (``/proc/PPID/fd``, the
+    master's own descriptors: our parent, in our PID namespace), read at each probe; a
+    master gone or unreadable counts as stopping, as before."""
+    targets = set()
+    for sock in sockets:
+        with contextlib.suppress(OSError, ValueError):
+            targets.add(f"socket:[{os.fstat(sock.fileno()).st_ino}]")
+
+    def check() -> bool:
+        if not targets or os.getppid() != ppid:
+            return False
+        directory = f"/proc/{ppid}/fd"
+        try:
+            descriptors = os.listdir(directory)
+        except OSError:
+            return False
+        for fd in descriptors:
+            with contextlib.suppress(OSError):
+                if os.readlink(f"{directory}/{fd}") in targets:
+                    return True
+        return False
+
+    return check
 
 
 def _default_loop_factory(loop: str) -> LoopFactory:
@@ -201,6 +233,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
             values, self.config, quick_signals=(signal.SIGQUIT, signal.SIGINT), hard_exit=True
         )
         server.coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
+        server.coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))
         await server.serve(sockets=self.sockets)
         if not server.started:
             sys.exit(Arbiter.WORKER_BOOT_ERROR)

@@ -238,3 +238,47 @@ def test_a_request_the_exit_cuts_is_answered_503(
     record(f"{summarize(results)}; SIGKILL: {killed}; exit {code}")
     assert [(r.kind, r.status) for r in results] == [("ok", 503)], server.output()
     assert not killed, server.output()
+
+
+# ------------------------------------------------------------------ reloads
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTTOU], ids=["HUP", "TTOU"])
+@pytest.mark.parametrize("worker", ["UvicornWorker", "SyncWorker", "ThreadWorker"])
+def test_a_reload_is_not_a_shutdown_for_readiness(
+    harness: Harness, record: Callable[[str], None], worker: str, sig: signal.Signals
+) -> None:
+    """``HUP`` (a reload) or ``TTOU`` (one worker fewer) replaces workers while the master
+    keeps its listeners and the pod keeps serving: readiness, probed every 50 ms, never
+    answers 503 (a probe with ``failureThreshold: 1`` would take the pod out of rotation
+    on every routine reload).  Once the master itself stops, readiness fails."""
+    env = {"GRACEFUL_IDLE": "0.5"}
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", *(THREADS if worker == "ThreadWorker" else []),
+        app=WSGI_APP if worker in ("SyncWorker", "ThreadWorker") else "tests.faults.apps.basic:app",
+        worker_class=worker, workers=2, env=env,
+    )  # fmt: skip
+    old = set(worker_pids(server))
+    server.signal(sig)
+    statuses: list[int | str] = []
+    began = time.monotonic()
+    while time.monotonic() - began < 3.0:  # bounded: 3 s of probes, one every 50 ms
+        probe = Client.connect(server.port, timeout_s=2)
+        if probe.end is None and probe.sock is not None:
+            probe.request("/readyz", f"p{len(statuses)}")
+            probe.sock.shutdown(socket.SHUT_WR)
+            collect([probe], 3)
+            statuses.append(probe.responses[0].status if probe.responses else str(probe.end))
+            probe.close()
+        else:
+            statuses.append(str(probe.end))
+        time.sleep(0.05)  # the prober's period
+    replaced = server.has_line(r"shutting down|-> accepting")
+    failed = [s for s in statuses if s != 200]
+    server.signal(signal.SIGTERM)
+    record(
+        f"{len(statuses)} probes during the {sig.name}: {len(failed)} not 200; "
+        f"old workers {sorted(old)} shut down: {replaced}"
+    )
+    assert replaced, server.output()
+    assert failed == [], (failed, server.output())

@@ -85,6 +85,8 @@ ADAPTER_API = (
     "request_shutdown",
     "signal_received",
     "expect_relayed_signals",
+    "report_pod_serving",
+    "pod_still_serving",
     "set_kill_deadline",
     "expect_kill_deadline",
     "notify_endpoint_removed",
