@@ -369,9 +369,27 @@ class _GracefulWSGIWorker:
 
 class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
     """gunicorn's ``sync`` worker following graceful's shutdown policy
-    (``-k graceful.gunicorn.SyncWorker``)."""
+    (``-k graceful.gunicorn.SyncWorker``).
+
+    With ``--threads`` above 1 gunicorn itself replaces any worker named ``…SyncWorker``
+    by its stock ``gthread`` before importing it, so no code of graceful's runs: use
+    ``ThreadWorker``, or ``WSGIWorker``, which picks by ``--threads``.  Given as a class
+    (a config file's ``worker_class = SyncWorker``), gunicorn does not replace it, and
+    ``--threads`` above 1 is refused at start-up.
+    """
 
     _draining = False
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        threads = int(cfg.threads)
+        if threads > 1:
+            raise RuntimeError(
+                f"graceful: --threads {threads} with graceful.gunicorn.SyncWorker, which "
+                "serves one request at a time: use -k graceful.gunicorn.ThreadWorker (or "
+                "graceful.gunicorn.WSGIWorker, which picks by --threads)"
+            )
+        super().check_config(cfg, log)
 
     def run(self) -> None:
         self._start_if_signalled()
@@ -493,3 +511,23 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
         if draining:
             for listener in self.sockets:
                 listener.close()  # gunicorn closes them again at the end: a no-op
+
+
+class WSGIWorker(_StockSyncWorker):  # type: ignore[misc]
+    """``-k graceful.gunicorn.WSGIWorker``: ``SyncWorker`` with ``--threads 1`` (the
+    default), ``ThreadWorker`` with more — one name for every ``--threads``.  gunicorn
+    replaces a class named ``…SyncWorker`` by its stock ``gthread`` when ``--threads`` is
+    above 1; this name it leaves alone.  Instances are of the class picked."""
+
+    @staticmethod
+    def picked(cfg: Any) -> type[SyncWorker] | type[ThreadWorker]:
+        """The worker class for gunicorn's configuration ``cfg``."""
+        return ThreadWorker if int(cfg.threads) > 1 else SyncWorker
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        cls.picked(cfg).check_config(cfg, log)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        cfg = kwargs["cfg"] if "cfg" in kwargs else args[5]  # gunicorn's Worker signature
+        return cls.picked(cfg)(*args, **kwargs)

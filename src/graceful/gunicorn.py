@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from ._hypercorn_worker import HypercornWorker as HypercornWorker
     from ._wsgi_worker import SyncWorker as SyncWorker
     from ._wsgi_worker import ThreadWorker as ThreadWorker
+    from ._wsgi_worker import WSGIWorker as WSGIWorker
 
 __all__ = (
     "AiohttpWorker",
@@ -64,12 +65,14 @@ __all__ = (
     "ThreadWorker",
     "UvicornH11Worker",
     "UvicornWorker",
+    "WSGIWorker",
     "master_listens",
 )
 
 _ELSEWHERE = {
     "SyncWorker": "graceful._wsgi_worker",
     "ThreadWorker": "graceful._wsgi_worker",
+    "WSGIWorker": "graceful._wsgi_worker",
     "AiohttpWorker": "graceful._aiohttp_worker",
     "HypercornWorker": "graceful._hypercorn_worker",
     "HypercornUvloopWorker": "graceful._hypercorn_worker",

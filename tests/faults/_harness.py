@@ -55,7 +55,7 @@ LISTENING = r"listening on http://127\.0\.0\.1:(\d+)"
 GUNICORN_LISTENING = r"Listening at: http://127\.0\.0\.1:(\d+)"
 STARTED = r"Application startup complete"
 #: graceful's WSGI workers, and the line each logs once its app is loaded.
-WSGI_WORKERS = ("SyncWorker", "ThreadWorker")
+WSGI_WORKERS = ("SyncWorker", "ThreadWorker", "WSGIWorker")
 WSGI_READY = r"policy .*; kill deadline"
 WSGI_APP = "tests.faults.apps.wsgi:app"
 ACCEPTING = r"serving -> accepting"

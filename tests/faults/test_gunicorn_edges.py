@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -282,3 +284,60 @@ def test_a_reload_is_not_a_shutdown_for_readiness(
     )
     assert replaced, server.output()
     assert failed == [], (failed, server.output())
+
+
+# ------------------------------------------------------------------ threads
+
+
+def test_wsgi_worker_with_threads_runs_graceful_thread_worker(
+    harness: Harness, record: Callable[[str], None]
+) -> None:
+    """``-k graceful.gunicorn.WSGIWorker --threads 4``: gunicorn leaves the name alone
+    (a ``…SyncWorker`` it replaces by its stock gthread, silently) and the worker is
+    graceful's ThreadWorker — its policy line, SIGTERM starts accepting."""
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", *THREADS, app=WSGI_APP, worker_class="WSGIWorker",
+        env={"GRACEFUL_IDLE": "0.3"},
+    )  # fmt: skip
+    slow = Client.connect(server.port)
+    slow.request("/slow?s=1", "inflight")
+    server.wait_for_line(r"started inflight")
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(ACCEPTING)
+    collect([slow], 10, until=answered_and_closed)
+    results = outcomes([slow])
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; exit {code}")
+    assert [(r.kind, r.status) for r in results] == [("ok", 200)]
+    assert code == 0
+
+
+@pytest.mark.parametrize("how", ["WSGIWorker", "class in a config file"])
+def test_a_bad_setting_with_threads_is_refused(
+    harness: Harness, record: Callable[[str], None], tmp_path: Path, how: str
+) -> None:
+    """``GRACEFUL_POLICY=bogus`` with ``--threads 4`` stops gunicorn in the master with one
+    line, whatever the spelling that reaches graceful's code; ``SyncWorker`` given as a
+    class with ``--threads 4`` is refused with the fix."""
+    if how == "WSGIWorker":
+        server = harness.gunicorn(
+            *THREADS, app=WSGI_APP, worker_class="WSGIWorker",
+            env={"GRACEFUL_POLICY": "bogus"}, wait=False,
+        )  # fmt: skip
+        wanted = "GRACEFUL_POLICY"
+    else:
+        config = tmp_path / "gunicorn_conf.py"
+        config.write_text(
+            "from graceful.gunicorn import SyncWorker\nworker_class = SyncWorker\nthreads = 4\n"
+        )
+        server = harness.start(
+            [sys.executable, "-m", "gunicorn", WSGI_APP, "-c", str(config),
+             "-b", "127.0.0.1:0"],
+        )  # fmt: skip
+        wanted = "use -k graceful.gunicorn.ThreadWorker"
+    code = server.wait_exit(20)
+    lines = [line for line in server.output().splitlines() if wanted in line]
+    record(f"exit {code}: {lines[0].strip() if lines else '-'}")
+    assert code != 0
+    assert lines, server.output()
+    assert not server.has_line(r"Booting worker")
