@@ -745,11 +745,11 @@ def check(values: Values) -> None:
     """
     label = values.label
     grace, margin = values["grace_period"], values["kill_margin"]
-    if grace is not None and not grace > margin:
+    if grace is not None and not grace > 2 * margin:
         raise ConfigError(
-            f"{label('grace_period')} ({_show(grace)} s) must be greater than "
-            f"{label('kill_margin')} ({_show(margin)} s): stopping begins the kill margin "
-            "before SIGKILL"
+            f"{label('grace_period')} ({_show(grace)} s) must be greater than twice "
+            f"{label('kill_margin')} ({_show(margin)} s): the process is out the kill margin "
+            "before SIGKILL, and stopping begins the kill margin before that"
         )
     server = values["server"]
     for opt in OPTIONS:
@@ -815,6 +815,11 @@ def check(values: Values) -> None:
 _GUNICORN_OWNS = frozenset(o.name for o in OPTIONS if o.gunicorn is not None)
 
 
+#: Under gunicorn the default kill margin is at most this fraction of
+#: ``--graceful-timeout`` (0.2 s of 2 s).
+SHORT_TIMEOUT_MARGIN_DIVISOR: Final = 10
+
+
 def gunicorn_values(
     graceful_timeout: float,
     environ: Mapping[str, str] | None = None,
@@ -823,7 +828,7 @@ def gunicorn_values(
 ) -> Values:
     """The options of a gunicorn worker (uvicorn, hypercorn, aiohttp): ``GRACEFUL_*``,
     with gunicorn's ``graceful_timeout`` as the grace period; the default kill margin is
-    at most a quarter of it (with a warning when the timeout is not above it); the
+    at most a tenth of it (with a warning when the timeout is not above twice it); the
     variables of settings gunicorn owns are ignored, with a warning, as are unknown
     ``GRACEFUL_*`` variables; with ``workers`` (gunicorn's ``--workers``) a metrics
     endpoint without multiprocess mode is warned of.
@@ -840,14 +845,15 @@ def gunicorn_values(
         )
     overrides: dict[str, tuple[object, str]] = {"grace_period": (grace, "--graceful-timeout")}
     margin = option("kill_margin")
-    # The margin scales with a short timeout: at most a quarter of it (stock gunicorn
+    # The margin scales with a short timeout: at most a tenth of it (stock gunicorn
     # serves a request until the SIGKILL; a fixed second would cut what it completes).
-    if margin.env not in environ and grace / 4 < margin.default:
-        overrides["kill_margin"] = (grace / 4, "the kill margin")
-        if warn is not None and grace <= margin.default:
+    short = grace / SHORT_TIMEOUT_MARGIN_DIVISOR
+    if margin.env not in environ and short < margin.default:
+        overrides["kill_margin"] = (short, "the kill margin")
+        if warn is not None and grace <= 2 * margin.default:
             warn(
-                f"graceful: --graceful-timeout {grace:g} is not above the default kill margin "
-                f"({margin.default:g} s): stopping gets {grace / 4:g} s (set "
+                f"graceful: --graceful-timeout {grace:g} leaves no room for the default kill "
+                f"margin ({margin.default:g} s): the kill margin is {short:g} s (set "
                 f"{margin.env} to choose)"
             )
     if warn is not None:

@@ -77,11 +77,14 @@ def _check_policy(policy: object) -> Policy:
 
 
 def _check_kill_margin(kill_margin_s: float, grace_period_s: float | None) -> float:
-    """``kill_margin_s``, checked: seconds, less than the grace period."""
+    """``kill_margin_s``, checked: seconds, less than half the grace period (the process
+    is out the margin before SIGKILL, and stopping begins the margin before that)."""
     margin = _check_seconds("kill_margin_s", kill_margin_s)
-    if grace_period_s is not None and margin >= grace_period_s:
+    if grace_period_s is not None and 2 * margin >= grace_period_s:
         raise ValueError(
-            f"kill_margin_s ({margin:g}) must be less than grace_period_s ({grace_period_s:g})"
+            f"kill_margin_s ({margin:g}) must be less than half grace_period_s "
+            f"({grace_period_s:g}): the process is out the margin before SIGKILL, and "
+            "stopping begins the margin before that"
         )
     return margin
 

@@ -9,21 +9,27 @@ agree on one answer.  All times are floats in seconds on the coordinator's clock
 
 The timeline of one shutdown::
 
-    requested ──accepting──▶ accept_by ──draining──▶ stop_by ──stopping──▶ exit_by ▶ kill
-                                                     │◀── stop budget ──▶│◀ exit ▶│
-                                                     │◀──────── kill_margin_s ────▶│
+    requested ──accepting──▶ accept_by ──draining──▶ stop_by ──stopping──▶ exit_by ▶ out ▶ kill
+                                                     │◀─ stop budget ─▶│        │◀─ margin ─▶│
+                                                     │◀────────── 2 * kill_margin_s ───────▶│
 
 * ``kill``: when SIGKILL lands.  Known absolutely (Kubernetes' ``deletionTimestamp``,
   ``ShutdownCoordinator.set_kill_deadline``) or as ``requested + grace_period_s``.
   With neither, Kubernetes' default grace period (30 s) is assumed — a pod with the
   default configuration is killed then, so accepting or draining past it only loses
   work — and the coordinator warns once.
-* ``stop_by = kill - kill_margin_s``: stopping begins at the latest here.  The margin is
-  stopping's own budget: cutting what is left, the ASGI lifespan shutdown and the
-  ``STOPPING`` hooks share it, in that order.  Hooks of earlier phases that still run at
-  ``stop_by`` are cancelled; they never eat into it.
-* ``exit_by = kill - exit_margin(kill_margin_s)``: the last stopping step ends here, and
-  a process that owns its exit (``hard_exit``) leaves here whatever the app is doing.
+* ``out = kill - kill_margin_s``: the promise.  A process that owns its exit
+  (``hard_exit``) is gone by then, whatever the application does: the margin absorbs
+  what no clock here sees — a signal relayed late (gunicorn's master counts its
+  ``--graceful-timeout`` from its own SIGTERM), a loaded machine, the interpreter's exit.
+* ``exit_by = out - exit_margin(kill_margin_s)``: the last stopping step ends here; the
+  hard exit fires half the exit margin later, so that stopping's own timeouts (at
+  ``exit_by``) report what they abandoned first.
+* ``stop_by = kill - 2 * kill_margin_s``: stopping begins at the latest here.  Its
+  budget up to ``exit_by`` (``kill_margin_s - exit_margin``: 0.75 s by default) is shared
+  by cutting what is left, the ASGI lifespan shutdown and the ``STOPPING`` hooks, in that
+  order.  Hooks of earlier phases that still run at ``stop_by`` are cancelled; they never
+  eat into it.
 * ``accept_by``: the latest end of accepting that leaves draining the time it needs.
   That need is *measured*: the longest request to expect (``graceful._tracking``: the
   longest measured, or the age of the oldest still running) times a safety factor, at
@@ -32,7 +38,7 @@ The timeline of one shutdown::
   before ``stop_by``.  The plan at the shutdown request is a promise (the log's
   "accepting at most X s"): the engine lets later measurements end accepting sooner,
   never later.  So serve-until-killed with a 30 s grace period and 0.1 s requests
-  measured before the SIGTERM accepts until 28 s; with nothing measured, 14.5 s.
+  measured before the SIGTERM accepts until 27 s; with nothing measured, 14 s.
 """
 
 from __future__ import annotations
@@ -60,10 +66,11 @@ DEFAULT_GRACE_PERIOD_S: Final = 30.0
 
 
 def exit_margin(kill_margin_s: float) -> float:
-    """Seconds between the hard exit and SIGKILL: a quarter of the margin, ≤ 0.25 s.
+    """Seconds between the end of stopping (``exit_by``) and the promised exit
+    (``kill - kill_margin_s``): a quarter of the margin, ≤ 0.25 s.
 
-    Enough for the interpreter to exit and the kernel to close sockets; the rest of the
-    margin is stopping's budget.
+    The hard exit fires halfway; the rest is for the interpreter to exit and the kernel
+    to close sockets.
     """
     return min(0.25, kill_margin_s / 4)
 
@@ -122,8 +129,9 @@ class Deadlines:
         kill: When SIGKILL lands.
         kill_source: Where ``kill`` came from (``"grace period 30 s"``, ``"pod"``, …).
         assumed: ``True`` when no grace period was known and the default was assumed.
-        stop_by: Stopping begins at the latest here.
-        exit_by: Stopping ends here; the hard exit, if enabled, fires here.
+        stop_by: Stopping begins at the latest here (``kill - 2 * kill_margin_s``).
+        exit_by: Stopping ends here; the hard exit, if enabled, fires half the exit
+            margin later, and the process is gone by ``kill - kill_margin_s``.
         accept_by: The latest end of accepting.
     """
 
@@ -158,7 +166,8 @@ def plan(
         kill_at: An absolute kill time (wins over ``grace_period_s``), if known.
         kill_source: Where ``kill_at`` came from, for the log.
         drain_timeout_s: The longest drain.
-        kill_margin_s: Stopping's budget before SIGKILL (see the module docs).
+        kill_margin_s: The process is gone this long before SIGKILL; stopping begins
+            twice this long before it (see the module docs).
         longest_request_s: The longest recent request, if measured.
     """
     assumed = False
@@ -169,8 +178,8 @@ def plan(
     else:
         kill = requested_at + DEFAULT_GRACE_PERIOD_S
         source, assumed = f"assumed default grace period {DEFAULT_GRACE_PERIOD_S:g} s", True
-    stop = max(requested_at, kill - kill_margin_s)
-    exit_ = max(stop, kill - exit_margin(kill_margin_s))
+    stop = max(requested_at, kill - 2 * kill_margin_s)
+    exit_ = max(stop, kill - kill_margin_s - exit_margin(kill_margin_s))
     return Deadlines(
         kill=kill,
         kill_source=source,

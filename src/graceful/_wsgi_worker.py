@@ -64,16 +64,6 @@ from .wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
 logger = logging.getLogger("graceful")
 
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
-#: The heartbeat ends a worker still running this long before the exit deadline (which
-#: counts from this worker's SIGTERM, the master's SIGKILL from the master's own: the
-#: relay reaches a worker late under load, CI saw more than a quarter second), but at
-#: most this share of ``--graceful-timeout``: a short one is not eaten by the margin
-#: (``--graceful-timeout 1`` left 0.44 s, and cut a 0.8 s request stock gunicorn
-#: answers).  SIGALRM's default action ends one that holds the GIL halfway between the
-#: heartbeat's exit and the exit deadline (after the coordinator's own hard exit, which
-#: needs the GIL too).
-EXIT_BEFORE_S = 0.5
-EXIT_BEFORE_SHARE = 0.1
 #: What a request the exit cuts before its response started is answered (not a bare
 #: EOF: a 503 tells the client the request was not served, and it may retry).
 _CUT_RESPONSE = (
@@ -255,34 +245,33 @@ class _GracefulWSGIWorker:
             self._arm_alarm()
 
     def _exit_at(self) -> float:
-        """When the heartbeat ends a worker still running (``time.monotonic()``): from
-        our own SIGTERM, as the alarm, so that the two never swap whatever the
-        coordinator's thread lags; earlier if the coordinator's exit deadline is (the
-        pod's deletionTimestamp)."""
-        exit_margin = _deadlines.exit_margin(self.coordinator.kill_margin_s)
+        """When the heartbeat ends a worker still running (``time.monotonic()``): at the
+        end of stopping (``exit_by``), counted from our own SIGTERM as the alarm is, so
+        that the two never swap whatever the coordinator's thread lags; earlier if the
+        coordinator's exit deadline is (the pod's deletionTimestamp).  The master counts
+        ``--graceful-timeout`` from its own SIGTERM, a little earlier: the kill margin
+        (``kill - kill_margin_s`` is the promise) absorbs that."""
+        margin = self.coordinator.kill_margin_s
         at = math.inf
         if self._signalled_at is not None:
-            at = self._signalled_at + float(self.cfg.graceful_timeout) - exit_margin
+            grace = float(self.cfg.graceful_timeout)
+            at = self._signalled_at + grace - margin - _deadlines.exit_margin(margin)
         deadlines = self.coordinator.deadlines
         if deadlines is not None:  # the coordinator's clock is asyncio's: monotonic
             at = min(at, deadlines.exit_by)
-        return at - self._exit_before_s()
-
-    def _exit_before_s(self) -> float:
-        return min(EXIT_BEFORE_S, EXIT_BEFORE_SHARE * float(self.cfg.graceful_timeout))
+        return at
 
     def _arm_alarm(self) -> None:
         """Last resort for an app that holds the interpreter, so that no thread of ours
-        can run: SIGALRM's default action a moment after the heartbeat's exit, before
-        the kill deadline."""
+        can run: SIGALRM's default action after the heartbeat's exit and the
+        coordinator's (half the exit margin after ``exit_by``), before the promised
+        exit (``kill - kill_margin_s``)."""
         if self._alarm_armed or self._signalled_at is None:
             return  # armed by the first SIGTERM
         self._alarm_armed = True
-        exit_margin = _deadlines.exit_margin(self.coordinator.kill_margin_s)
+        margin = self.coordinator.kill_margin_s
         grace = float(self.cfg.graceful_timeout)
-        # After the heartbeat's exit (see _exit_at) and the coordinator's, most of the
-        # exit margin before SIGKILL: the signal may reach this worker late under load.
-        at = self._signalled_at + grace - exit_margin - self._exit_before_s() / 2
+        at = self._signalled_at + grace - margin - _deadlines.exit_margin(margin) / 4
         signal.setitimer(signal.ITIMER_REAL, max(0.001, at - time.monotonic()))
 
     # ------------------------------------------------------- the coordinator

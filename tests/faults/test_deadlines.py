@@ -1,9 +1,10 @@
 """Deadline discipline: out before SIGKILL whatever the app does.
 
-``graceful run --grace-period 4 --kill-margin 1``: SIGKILL is expected 4 s after SIGTERM.
-Whatever the application does — a handler that swallows cancellation, a thread that
-blocks for a minute, a lifespan shutdown that hangs or raises — the process must exit
-before then (measured from the SIGTERM to the process's exit) and say what it abandoned.
+``graceful run --grace-period 4 --kill-margin 1``: SIGKILL is expected 4 s after SIGTERM,
+and the kill margin promises the process is gone 1 s before it. Whatever the application
+does — a handler that swallows cancellation, a thread that blocks for a minute, a
+lifespan shutdown that hangs or raises — the process must exit by then (3 s, measured
+from the SIGTERM to the process's exit) and say what it abandoned.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from ._harness import STOPPED, Client, Harness
 
 GRACE = ["--policy", "refuse-immediately", "--grace-period", "4", "--kill-margin", "1"]
+OUT_BY_S = 3.0  # the kill margin's promise: out 1 s before the SIGKILL at 4 s
 
 
 def _sigterm_and_time_exit(server: object, timeout_s: float = 10) -> tuple[int, float]:
@@ -44,8 +46,8 @@ def test_handler_that_will_not_end(
     code, took = _sigterm_and_time_exit(server)
     client.wait(5)
     saw = f"{client.responses[0].status}" if client.responses else f"connection {client.end}"
-    record(f"client: {saw}; exit {code} {took:.2f} s after SIGTERM (grace 4 s)")
-    assert took < 4.0
+    record(f"client: {saw}; exit {code} {took:.2f} s after SIGTERM (grace 4 s, margin 1 s)")
+    assert took < OUT_BY_S
     assert code in (0, 1)
     assert server.has_line(r"abandoning .*1 requests|request /\w+ cut"), server.output()
 
@@ -55,9 +57,9 @@ def test_lifespan_shutdown_hangs(harness: Harness, record: Callable[[str], None]
     deadline"""
     server = harness.graceful(*GRACE, env={"FAULTS_SHUTDOWN": "hang"})
     code, took = _sigterm_and_time_exit(server)
-    record(f"exit {code} {took:.2f} s after SIGTERM (grace 4 s)")
+    record(f"exit {code} {took:.2f} s after SIGTERM (grace 4 s, margin 1 s)")
     assert server.has_line("shutdown hanging")
-    assert took < 4.0
+    assert took < OUT_BY_S
     assert code in (0, 1)
 
 

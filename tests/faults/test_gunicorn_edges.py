@@ -27,6 +27,7 @@ from ._harness import (
     Harness,
     collect,
     outcomes,
+    state,
     summarize,
     worker_pids,
 )
@@ -341,3 +342,37 @@ def test_a_bad_setting_with_threads_is_refused(
     assert code != 0
     assert lines, server.output()
     assert not server.has_line(r"Booting worker")
+
+
+# ------------------------------------------------------------------ the kill margin
+
+
+@pytest.mark.parametrize("worker", ["UvicornWorker", "HypercornWorker"])
+def test_a_worker_is_out_by_the_kill_margin_whatever_the_app_does(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """A handler that swallows every cancellation, ``--graceful-timeout 4`` (kill margin
+    0.4 s): the worker is gone by 3.6 s after the master's SIGTERM, so the master never
+    SIGKILLs it (it did, 0.03 s after the worker's late exit)."""
+    pytest.importorskip("hypercorn" if worker == "HypercornWorker" else "uvicorn")
+    server = harness.gunicorn(
+        "--graceful-timeout", "4", app="tests.faults.apps.basic:app", worker_class=worker,
+        env={"GRACEFUL_POLICY": "refuse-immediately"}, wait=False,
+    )  # fmt: skip
+    server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20)[1])
+    server.wait_for_line(r"policy .*; kill deadline", timeout_s=20)
+    (pid,) = worker_pids(server)
+    stubborn = Client.connect(server.port)
+    stubborn.request("/stubborn", "stubborn")
+    server.wait_for_line(r"started stubborn")
+    began = time.monotonic()
+    server.signal(signal.SIGTERM)
+    while state(pid) not in (None, "Z") and time.monotonic() - began < 10:  # bounded
+        time.sleep(0.01)  # the poll: /proc has no event to wait on (None: reaped)
+    took = time.monotonic() - began
+    code = server.wait_exit(20)
+    killed = server.has_line(r"was sent SIGKILL")
+    record(f"worker out {took:.2f} s after SIGTERM (grace 4 s, margin 0.4 s); SIGKILL: {killed}")
+    assert took < 3.6, server.output()
+    assert not killed, server.output()
+    assert code == 0

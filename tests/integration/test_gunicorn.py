@@ -158,7 +158,7 @@ def test_bad_configuration_stops_the_master_with_one_line(
 def test_short_graceful_timeout_shrinks_the_kill_margin() -> None:
     server = start_gunicorn("-w", "1", "--graceful-timeout", "1", env={"GRACEFUL_IDLE": "0.2"})
     try:
-        server.wait_for_line(r"--graceful-timeout 1 is not above the default kill margin")
+        server.wait_for_line(r"--graceful-timeout 1 leaves no room for the default kill margin")
         port = int(server.wait_for_line(r"Listening at: http://127\.0\.0\.1:(\d+)").group(1))
         server.wait_for_line(r"Application startup complete")
         assert RawHTTP(port).get("/")[0] == 200

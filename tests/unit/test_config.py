@@ -136,11 +136,13 @@ def test_hosts(host: str) -> None:
 
 def test_grace_period_must_exceed_the_kill_margin_naming_both() -> None:
     message = one_line_error({"grace_period": "2"}, {"GRACEFUL_KILL_MARGIN": "2"})
-    assert message.startswith("--grace-period (2 s) must be greater than GRACEFUL_KILL_MARGIN")
+    assert message.startswith(
+        "--grace-period (2 s) must be greater than twice GRACEFUL_KILL_MARGIN"
+    )
     message = one_line_error({}, {"GRACEFUL_GRACE_PERIOD": "0.5"})
     assert "GRACEFUL_GRACE_PERIOD (0.5 s)" in message
     assert "--kill-margin (1 s)" in message
-    assert _config.resolve({"grace_period": "2", "kill_margin": "1.5"}, {})
+    assert _config.resolve({"grace_period": "2", "kill_margin": "0.9"}, {})
 
 
 @pytest.mark.parametrize(
@@ -268,9 +270,13 @@ def test_gunicorn_graceful_timeout_is_the_grace_period() -> None:
 
 def test_gunicorn_short_graceful_timeout_shrinks_the_default_margin() -> None:
     values, warnings = gunicorn_values(1, {})
-    assert (values["grace_period"], values["kill_margin"]) == (1.0, 0.25)
+    assert (values["grace_period"], values["kill_margin"]) == (1.0, 0.1)
     assert len(warnings) == 1
-    assert "stopping gets 0.25 s" in warnings[0]
+    assert "the kill margin is 0.1 s" in warnings[0]
+    values, warnings = gunicorn_values(4, {})  # a tenth of it, quietly
+    assert (values["kill_margin"], warnings) == (0.4, [])
+    values, warnings = gunicorn_values(30, {})
+    assert (values["kill_margin"], warnings) == (1.0, [])
 
 
 def test_gunicorn_explicit_margin_that_does_not_fit_is_refused() -> None:

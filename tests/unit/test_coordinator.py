@@ -146,11 +146,11 @@ async def test_kill_deadline_bounds_accepting_and_draining(virtual_time: bool) -
             c.request_shutdown("SIGTERM")
             assert c.statistics().kill_deadline_in_s == pytest.approx(30)
             assert await c.wait_for_phase(Phase.DRAINING)
-            # stop_by = 29; draining gets min(60, 29/2) = 14.5 s of it
-            assert anyio.current_time() - start == pytest.approx(14.5)
-            assert c.drain_time_left() == pytest.approx(14.5)
+            # stop_by = 28; draining gets min(60, 28/2) = 14 s of it
+            assert anyio.current_time() - start == pytest.approx(14.0)
+            assert c.drain_time_left() == pytest.approx(14.0)
             assert await c.wait_for_phase(Phase.STOPPING)
-            assert anyio.current_time() - start == pytest.approx(29.0)
+            assert anyio.current_time() - start == pytest.approx(28.0)
 
 
 async def test_grace_period_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -368,8 +368,8 @@ async def test_statistics_snapshot_is_frozen(virtual_time: bool) -> None:
         assert s.phase is Phase.ACCEPTING
         if virtual_time:
             # max_wait is 20 s, but draining must fit before SIGKILL: stop_by = 29 s,
-            # draining gets min(drain_timeout_s, 29 / 2), so accepting ends at 14.5 s
-            assert s.time_left_s == pytest.approx(14.5)
+            # draining gets min(drain_timeout_s, 28 / 2), so accepting ends at 14 s
+            assert s.time_left_s == pytest.approx(14.0)
             assert s.kill_deadline_in_s == pytest.approx(30)
         tg.cancel_scope.cancel()
 

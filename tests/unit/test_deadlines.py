@@ -53,9 +53,9 @@ def test_grace_period_gives_the_kill_time() -> None:
         kill=T0 + 30,
         kill_source="grace period 30 s",
         assumed=False,
-        stop_by=T0 + 29,
-        exit_by=T0 + 29.75,
-        accept_by=T0 + 14.5,  # draining gets min(30, 29 / 2)
+        stop_by=T0 + 28,  # kill - 2 x the margin
+        exit_by=T0 + 28.75,  # out by kill - the margin, the exit margin before
+        accept_by=T0 + 14,  # draining gets min(30, 28 / 2)
     )
     assert d.stop_budget_s == pytest.approx(0.75)
 
@@ -63,7 +63,7 @@ def test_grace_period_gives_the_kill_time() -> None:
 def test_absolute_kill_time_wins_over_the_grace_period() -> None:
     d = plan_at(grace_period_s=30, kill_at=T0 + 10, kill_source="pod")
     assert (d.kill, d.kill_source, d.assumed) == (T0 + 10, "pod", False)
-    assert (d.stop_by, d.exit_by, d.accept_by) == (T0 + 9, T0 + 9.75, T0 + 4.5)
+    assert (d.stop_by, d.exit_by, d.accept_by) == (T0 + 8, T0 + 8.75, T0 + 4)
 
 
 def test_absolute_kill_time_without_a_source_says_who_set_it() -> None:
@@ -80,23 +80,25 @@ def test_no_kill_time_known_assumes_kubernetes_default() -> None:
         kill=T0 + 30,
         kill_source=d.kill_source,
         assumed=True,
-        stop_by=T0 + 29,
-        exit_by=T0 + 29.75,
-        accept_by=T0 + 14.5,
+        stop_by=T0 + 28,
+        exit_by=T0 + 28.75,
+        accept_by=T0 + 14,
     )
 
 
 def test_short_drain_timeout_leaves_accepting_the_rest() -> None:
     d = plan_at(grace_period_s=30, drain_timeout_s=5)
-    assert d.accept_by == T0 + 24  # stop_by 29 minus the 5 s drain
+    assert d.accept_by == T0 + 23  # stop_by 28 minus the 5 s drain
 
 
 def test_margin_larger_than_the_time_left_clamps_to_the_request() -> None:
-    d = plan_at(kill_at=T0 + 0.5, kill_margin_s=1)
+    d = plan_at(kill_at=T0 + 2, kill_margin_s=1)
     assert d.stop_by == T0  # stopping begins at once, never before the request
-    assert d.exit_by == T0 + 0.25  # kill - exit_margin(1)
+    assert d.exit_by == T0 + 0.75  # kill - the margin - exit_margin(1)
     assert d.accept_by == T0  # no time to accept
-    assert d.stop_budget_s == pytest.approx(0.25)
+    assert d.stop_budget_s == pytest.approx(0.75)
+    late = plan_at(kill_at=T0 + 0.5, kill_margin_s=1)  # the promise is already past
+    assert (late.stop_by, late.exit_by) == (T0, T0)
 
 
 def test_kill_time_in_the_past_clamps_everything_to_the_request() -> None:
@@ -177,7 +179,7 @@ async def test_kill_deadline_set_after_the_request_replans(
             d = c.deadlines
             assert d is not None
             assert d.kill_source == "pod"
-            assert d.stop_by - began == pytest.approx(9, abs=0.05)
+            assert d.stop_by - began == pytest.approx(8, abs=0.05)
             assert "kill deadline from pod: SIGKILL in 10.0 s" in caplog.text
             if not virtual_time:  # the rest takes 9 s of real time
                 tg.cancel_scope.cancel()
@@ -187,9 +189,9 @@ async def test_kill_deadline_set_after_the_request_replans(
     assert phases == [Phase.ACCEPTING, Phase.DRAINING, Phase.STOPPING, Phase.STOPPED]
     _, draining_at, _ = changes[1]
     _, stopping_at, stopping_reason = changes[2]
-    # accepting ends at the re-planned accept_by (stop_by 9 - 9 / 2), stopping at stop_by
-    assert draining_at - began == pytest.approx(4.5, abs=0.05)
-    assert stopping_at - began == pytest.approx(9, abs=0.05)
+    # accepting ends at the re-planned accept_by (stop_by 8 - 8 / 2), stopping at stop_by
+    assert draining_at - began == pytest.approx(4, abs=0.05)
+    assert stopping_at - began == pytest.approx(8, abs=0.05)
     assert (stopping_reason or "").startswith("drain deadline reached")
 
 
@@ -274,8 +276,8 @@ async def test_hanging_draining_hook_is_cancelled_at_stop_by(virtual_time: bool)
         with c.track_request():
             c.request_shutdown("SIGTERM")
             assert await c.wait_for_phase(Phase.STOPPED)
-    assert ends == [pytest.approx(began + 18)]  # stop_by = kill 20 - margin 2
-    assert anyio.current_time() - began == pytest.approx(18)
+    assert ends == [pytest.approx(began + 16)]  # stop_by = kill 20 - 2 x margin 2
+    assert anyio.current_time() - began == pytest.approx(16)
 
 
 async def test_stopping_hooks_are_bounded_by_exit_by(virtual_time: bool) -> None:
@@ -308,7 +310,7 @@ async def test_stopping_hooks_are_bounded_by_exit_by(virtual_time: bool) -> None
     # reverse registration order; the first hook ate the whole budget, the second got 0 s
     assert ran == ["last", "first"]
     if virtual_time:
-        assert d.exit_by - began == pytest.approx(10 - 0.25)
+        assert d.exit_by - began == pytest.approx(10 - 4 - 0.25)  # out by kill - margin
         assert anyio.current_time() == pytest.approx(d.exit_by)
     else:
         assert anyio.current_time() <= d.exit_by + 0.1

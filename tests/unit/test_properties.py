@@ -167,7 +167,7 @@ policies = st.one_of(
 @st.composite
 def configs(draw: st.DrawFn) -> Config:
     margin = draw(st.floats(min_value=0.1, max_value=5))
-    grace = draw(st.none() | st.floats(min_value=margin + 0.1, max_value=100))
+    grace = draw(st.none() | st.floats(min_value=2 * margin + 0.1, max_value=100))
     return Config(
         policy=draw(policies),
         drain_timeout_s=draw(st.floats(min_value=0, max_value=60)),
@@ -423,6 +423,8 @@ def test_planned_deadlines_are_ordered(
     tolerance = 1e-9 * max(1.0, abs(requested_at))
     assert requested_at - tolerance <= d.accept_by <= d.stop_by <= d.exit_by
     assert d.exit_by <= max(d.kill, requested_at) + tolerance
+    # the promise: stopping ends (and the hard exit fires) before kill - margin
+    assert d.exit_by <= max(d.kill - margin, requested_at) + tolerance
     assert d.stop_by - d.accept_by <= drain + tolerance
     assert d.stop_budget_s >= 0
     assert d.assumed == (kill_in is None and grace is None)
