@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from importlib.metadata import version as _version
 from typing import Any
 
 import anyio
@@ -93,7 +94,17 @@ class HotPath:
         trio: The worker runs on trio (else asyncio).
     """
 
-    __slots__ = ("adopted", "app", "config", "connections", "middleware", "on", "started", "trio")
+    __slots__ = (
+        "adopted",
+        "app",
+        "config",
+        "connections",
+        "failed",
+        "middleware",
+        "on",
+        "started",
+        "trio",
+    )
 
     def __init__(
         self,
@@ -110,11 +121,22 @@ class HotPath:
         self.on = True  # until the first phase change
         self.started = 0  # requests it started (less those adopted)
         self.adopted: list[_Adopted] = []
+        self.failed = False  # the self-test failed: off for good
         self.app: AppWrapper = self._dispatcher()
 
     def _dispatcher(self) -> AppWrapper:
-        hot, app, middleware = self, self.middleware.app, self.middleware
+        hot, real, middleware = self, self.middleware.app, self.middleware
         special = middleware.health_endpoints
+        app: Callable[[Any, Any, Any], Awaitable[None]] = real
+
+        def first(scope: Any, receive: Any, send: Any) -> Awaitable[None]:
+            # The first hot request only: the self-test (``_probe``).  The dispatcher's
+            # ``app`` is the application from now on, so later requests pay nothing.
+            nonlocal app
+            app = real
+            return hot._probe(scope, real(scope, receive, send))
+
+        app = first
 
         def graceful(
             scope: Any,
@@ -129,6 +151,65 @@ class HotPath:
             return middleware(scope, receive, send)
 
         return graceful  # type: ignore[return-value]
+
+    # --------------------------------------------------------------- self-test
+
+    async def _probe(self, scope: dict[str, Any], coroutine: Awaitable[None]) -> None:
+        """The first hot request's application call: ``check`` runs (outside this task)
+        while the request waits for it, then the application runs.  If the check
+        failed, this request is counted here, as the middleware counts the later ones."""
+        done = anyio.Event()
+
+        def check() -> None:
+            try:
+                self.check(scope)
+            finally:
+                done.set()
+
+        try:
+            if self.trio:
+                import trio
+
+                trio.lowlevel.current_trio_token().run_sync_soon(check)
+            else:
+                asyncio.get_running_loop().call_soon(check)
+        except RuntimeError:
+            self.fail("the application is not called on the worker's event loop")
+        else:
+            await done.wait()
+        if not self.failed:
+            await coroutine
+            return
+        coordinator = self.middleware.coordinator
+        self.started -= 1
+        sampled = coordinator.request_started()
+        try:
+            await coroutine
+        finally:
+            coordinator.request_finished(sampled)
+
+    def check(self, scope: dict[str, Any]) -> None:
+        """The self-test: ``running`` — the finder that counts the hot path's requests
+        for the drain — finds the request being served (suspended), and ``_stream_of``
+        its hypercorn stream (the nudge, the 503 of a cut)."""
+        if not self.on:  # shutdown began meanwhile: adopt ran the finder already
+            return
+        if not any(found is scope for _, _, found in self.running()):
+            self.fail("no task's application call holds the worker's Config and the scope")
+        elif self._stream_of(scope) is None:
+            self.fail("no connection's HTTP stream holds the request's scope")
+
+    def fail(self, what: str) -> None:
+        """One warning; every later request takes the middleware (which counts each)."""
+        logger.warning(
+            "hypercorn %s: hot path self-test failed (%s); graceful cannot find the "
+            "requests in flight on the hot path, every request now goes through the "
+            "middleware",
+            _version("hypercorn"),
+            what,
+        )
+        self.on = False
+        self.failed = True
 
     # ------------------------------------------------------------ what it started
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -107,13 +107,15 @@ class HotPath:
     ones go to the middleware.
     """
 
-    __slots__ = ("app", "middleware", "on", "started", "tasks")
+    __slots__ = ("app", "cycles", "failed", "middleware", "on", "started", "tasks")
 
     def __init__(self, middleware: GracefulMiddleware, tasks: set[asyncio.Task[Any]]) -> None:
         self.middleware = middleware
         self.tasks = tasks  # uvicorn's server_state.tasks
         self.on = True  # until the first phase change
         self.started = 0  # requests it started (less those adopted)
+        self.failed = False  # the self-test failed: off for good, nothing to adopt
+        self.cycles: Callable[[], list[Any]] | None = None  # UvicornShape.cycles
         self.app: ASGIApp = self._dispatcher(middleware)
 
     def running(self) -> list[asyncio.Task[Any]]:
@@ -141,6 +143,8 @@ class HotPath:
     def adopt(self, coordinator: ShutdownCoordinator) -> None:
         """Shutdown was requested: report the requests in flight to the coordinator,
         each until its task ends; every later request takes the middleware."""
+        if self.failed:
+            return
         running = self.running()
         self.on = False
         self.started -= len(running)  # counted by the coordinator from now on
@@ -148,7 +152,17 @@ class HotPath:
             task.add_done_callback(finisher(coordinator, coordinator.request_started()))
 
     def _dispatcher(self, middleware: GracefulMiddleware) -> ASGIApp:
-        hot, app, special_paths = self, middleware.app, middleware.health_endpoints
+        hot, real, special_paths = self, middleware.app, middleware.health_endpoints
+        app: Callable[[Any, Any, Any], Awaitable[None]] = real
+
+        def first(scope: Any, receive: Any, send: Any) -> Awaitable[None]:
+            # The first hot request only: the self-test (``check``).  The dispatcher's
+            # ``app`` is the application from now on, so later requests pay nothing.
+            nonlocal app
+            app = real
+            return hot._probe(scope, real(scope, receive, send))
+
+        app = first
 
         def graceful(scope: Any, receive: Any, send: Any) -> Awaitable[None]:
             if hot.on and scope["type"] == "http" and scope["path"] not in special_paths:
@@ -157,6 +171,50 @@ class HotPath:
             return middleware(scope, receive, send)
 
         return graceful
+
+    # --------------------------------------------------------------- self-test
+
+    async def _probe(self, scope: Any, coroutine: Awaitable[None]) -> None:
+        """The first hot request's app call: the self-test runs while this request is
+        suspended (``call_soon`` runs before the task's next step), then the app runs."""
+        task = asyncio.current_task()
+        if task is None:
+            self.fail("the application is not called from a task", None)
+        else:
+            asyncio.get_running_loop().call_soon(self.check, task, scope)
+            await asyncio.sleep(0)
+        await coroutine
+
+    def check(self, task: asyncio.Task[Any], scope: Any) -> None:
+        """The self-test: ``running`` — the finder that counts the hot path's requests
+        for the drain — finds the request being served (``task``, suspended), and the
+        shape finds its request cycle (``cycles``: the nudge, the 503 of a cut)."""
+        if not self.on:  # shutdown began meanwhile: adopt ran the finder already
+            return
+        if task not in self.tasks:
+            self.fail("the request's task is not in uvicorn's server_state.tasks", task)
+        elif task not in self.running():
+            self.fail("the request's task does not await the application's coroutine", task)
+        elif self.cycles is not None and not any(c.scope is scope for c in self.cycles()):
+            self.fail("no connection's cycle holds the request's scope", task)
+
+    def fail(self, what: str, task: asyncio.Task[Any] | None) -> None:
+        """The self-test failed: one warning, and every later request takes the
+        middleware (which counts each itself); the request being tested is reported to
+        the coordinator until its task ends."""
+        logger.warning(
+            "uvicorn %s: hot path self-test failed (%s); graceful cannot find the "
+            "requests in flight on the hot path, every request now goes through the "
+            "middleware",
+            uvicorn.__version__,
+            what,
+        )
+        self.on = False
+        self.failed = True
+        if task is not None and not task.done():
+            coordinator = self.middleware.coordinator
+            self.started -= 1
+            task.add_done_callback(finisher(coordinator, coordinator.request_started()))
 
 
 @final
@@ -181,9 +239,15 @@ class UvicornShape(ServerShape):
                 cycles.append(cycle)
         return cycles
 
+    def listeners_opened(self) -> None:
+        hot = self.server._hot
+        if hot is not None:
+            hot.cycles = self.cycles  # for the self-test (HotPath.check)
+        super().listeners_opened()
+
     def shutdown_requested(self) -> None:
         hot = self.server._hot
-        if hot is None:
+        if hot is None or hot.failed:
             return
         hot.adopt(self.coordinator)
         # Their responses, for the 503 of a cut (uvicorn's cycles: the ASGI scope and
@@ -204,7 +268,8 @@ class UvicornShape(ServerShape):
         cycle writes it only when the *request* carried it, so there the header joins the
         request's header list too (a hop-by-hop header, meant for this connection).
         """
-        if self.server._hot is None:
+        hot = self.server._hot
+        if hot is None or hot.failed:
             return
         for cycle in self.cycles():
             if not cycle.response_started:
