@@ -334,11 +334,11 @@ class Tracking:
             return self._now() - self._starts[0]
         return None
 
-    def longest_request_s(self) -> float | None:
+    def longest_request_s(self, *, running: bool = True) -> float | None:
         """The longest request to expect: the longest recently sampled (every one since
         the shutdown request), or the oldest still running if it has run longer
-        (``None``: none yet)."""
-        age = self.oldest_request_age_s()
+        (``running=False``: the samples only; ``None``: none yet)."""
+        age = self.oldest_request_age_s() if running else None
         if not self._samples:
             return age
         longest = max(self._window_max, self._previous_max)

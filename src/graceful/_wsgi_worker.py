@@ -35,6 +35,7 @@ never declares the drain done while accepted connections are still on their way.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import logging
@@ -368,6 +369,11 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
     """
 
     _draining = False
+    _running = False  # run() took over the listeners (see _stop_accepting)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._accept_lock = threading.Lock()
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
@@ -381,9 +387,14 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         super().check_config(cfg, log)
 
     def run(self) -> None:
-        self._start_if_signalled()
         for listener in self.sockets:
             listener.setblocking(False)
+        self._held: list[tuple[Any, Any, Any]] = []  # swept at the stop, served here
+        with self._accept_lock:  # the loop's accept vs the stop's sweep
+            self._running = True
+            if self._draining:  # the stop came before the loop (while importing)
+                self._sweep()
+        self._start_if_signalled()
         heartbeat = self.timeout or 0.5
         while self.alive and not self._draining:
             self.notify()
@@ -391,23 +402,46 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
                 # As gunicorn's own loop: a heartbeat right before each accept, so that a
                 # request that arrives after an idle wait gets the whole of ``--timeout``.
                 self.notify()
-                self._accept(listener)
+                if not self._accept(listener):
+                    break
             if not self.is_parent_alive():
                 break
         if self._draining:
-            self._drain_backlog()
+            self._serve_held()
         self._loop_ended()
 
     def _stop_accepting(self) -> None:
-        self._draining = True
+        """In the coordinator's thread, at draining: take what the kernel queued and
+        close this worker's copy of the listeners at once, even while the worker's one
+        thread is inside a request.  A connection that arrives later finds a sibling
+        still accepting, or is refused (safe to retry) — not queued behind a busy worker
+        and reset at its exit.  The loop serves what was taken (``_serve_held``)."""
+        with self._accept_lock:
+            self._draining = True
+            if self._running:  # else run() sweeps when it starts
+                self._sweep()
         with contextlib.suppress(OSError):
             os.write(self.PIPE[1], b".")  # wake the loop's select
+
+    def _sweep(self) -> None:
+        """Take every connection queued on the listeners, then close them (with
+        ``_accept_lock`` held, the listeners non-blocking)."""
+        for listener in self.sockets:
+            closed = _ClosedListener(listener.getsockname())
+            while True:
+                try:
+                    client, address = listener.accept()
+                except OSError:
+                    break
+                self._held.append((closed, client, address))
+        for listener in self.sockets:
+            listener.close()
 
     def _ready(self, timeout: float) -> list[Any]:
         try:
             ready, _, _ = select.select(self.wait_fds, [], [], timeout)
-        except OSError as exc:
-            if exc.errno in (errno.EINTR, errno.EBADF):
+        except (OSError, ValueError) as exc:  # a listener closed at the stop
+            if isinstance(exc, ValueError) or exc.errno in (errno.EINTR, errno.EBADF):
                 return []
             raise
         if self.PIPE[0] in ready:
@@ -419,28 +453,80 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         return [fd for fd in ready if not isinstance(fd, int)]  # the listeners, not the pipe
 
     def _accept(self, listener: Any) -> bool:
-        """Accept and serve one connection; ``False`` if none was waiting."""
-        try:
-            client, address = listener.accept()
-        except OSError as exc:
-            if exc.errno in _AGAIN:
+        """Accept and serve one connection; ``False`` if none was waiting or the stop
+        took the listeners."""
+        with self._accept_lock:
+            if self._draining:
                 return False
-            raise
+            try:
+                client, address = listener.accept()
+            except OSError as exc:
+                if exc.errno in _AGAIN:
+                    return False
+                raise
         client.setblocking(True)
         self.handle(listener, client, address)
         return True
 
-    def _drain_backlog(self) -> None:
-        """Serve the connections the kernel queued before we stopped accepting, then
-        close our copy of the listeners."""
-        deadlines = self.coordinator.deadlines
-        for listener in self.sockets:
-            while deadlines is None or time.monotonic() < deadlines.stop_by:
-                self.notify()
-                if not self._accept(listener):
-                    break
+    def _serve_held(self) -> None:
+        """Serve the connections the stop took from the backlog, each only if a request
+        as long as the longest seen can still finish before the exit; a 503 (``Retry-
+        After``) to the others, never a cut or a reset."""
+        for listener, client, address in self._held:
+            self.notify()
+            if time.monotonic() + self._longest_request_s() < self._exit_at():
+                client.setblocking(True)
+                self.handle(listener, client, address)
+            else:
+                _refuse(client)
+        self._held.clear()
         for listener in self.sockets:
             listener.close()
+
+    def _longest_request_s(self) -> float:
+        """The longest request the coordinator measured, asked in its thread (its clock
+        is its event loop's; what still runs is this worker's own hold, not a request);
+        0 if it does not answer at once."""
+        answer: concurrent.futures.Future[float | None] = concurrent.futures.Future()
+        coordinator = self.coordinator
+        assert self.graceful is not None
+        self.graceful.call(lambda: answer.set_result(coordinator.longest_request_s(running=False)))
+        try:
+            return answer.result(timeout=0.2) or 0.0
+        except concurrent.futures.TimeoutError:
+            return 0.0
+
+
+class _ClosedListener:
+    """What gunicorn's ``handle`` asks of the listener a connection came from (its
+    address, for the WSGI environ) once the stop closed it."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: Any) -> None:
+        self._name = name
+
+    def getsockname(self) -> Any:
+        return self._name
+
+
+def _refuse(client: socket.socket) -> None:
+    """Read what the client sent (bounded), answer 503 with ``Connection: close``, close:
+    its request was not served, and it may retry."""
+    with contextlib.suppress(OSError):
+        client.settimeout(0.2)
+        received = b""
+        while b"\r\n\r\n" not in received and len(received) < 65536:
+            chunk = client.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        client.sendall(_CUT_RESPONSE)
+        client.shutdown(socket.SHUT_WR)
+        while client.recv(65536):  # what is left, so that the close sends no reset
+            pass
+    with contextlib.suppress(OSError):
+        client.close()
 
 
 class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[misc]

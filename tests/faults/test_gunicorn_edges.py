@@ -25,6 +25,7 @@ from ._harness import (
     WSGI_APP,
     Client,
     Harness,
+    Outcome,
     collect,
     outcomes,
     state,
@@ -376,3 +377,43 @@ def test_a_worker_is_out_by_the_kill_margin_whatever_the_app_does(
     assert took < 3.6, server.output()
     assert not killed, server.output()
     assert code == 0
+
+
+# ------------------------------------------------------------------ a busy sync worker's stop
+
+
+def test_a_busy_sync_worker_serves_or_refuses_what_queued_behind_it(
+    harness: Harness, record: Callable[[str], None]
+) -> None:
+    """The only sync worker is inside a 2 s request when draining begins
+    (refuse-immediately), three 1 s requests queued behind it and five more arriving
+    after SIGTERM: the stop takes the queue and closes the listener at once, even
+    though the worker's one thread is busy — the late ones are refused (safe to retry)
+    instead of queueing behind it; the taken ones are served while one as long as the
+    longest seen still fits before the exit, and answered 503 after. Nothing accepted
+    is cut or reset."""
+    server = harness.gunicorn(
+        "--graceful-timeout", "6", app=WSGI_APP, worker_class="SyncWorker",
+        env={"GRACEFUL_POLICY": "refuse-immediately"},
+    )  # fmt: skip
+    busy = Client.connect(server.port)
+    busy.request("/slow?s=2", "busy")
+    server.wait_for_line(r"started busy")
+    queued = [Client.connect(server.port) for _ in range(3)]
+    for i, client in enumerate(queued):
+        client.request("/slow?s=1", f"q{i}")
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(DRAINING)
+    late = [Client.connect(server.port) for _ in range(5)]
+    for i, client in enumerate(late):
+        if client.end is None:
+            client.request("/slow?s=1", f"late{i}")
+    clients = [busy, *queued, *late]
+    collect(clients, 20, until=answered_and_closed)
+    results = outcomes(clients)
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; exit {code}")
+    assert [r for r in results if r.kind == "lost"] == [], (summarize(results), server.output())
+    assert outcomes([busy]) == [Outcome("busy", "ok", 200)]
+    assert all(r.kind == "refused" for r in outcomes(late)), summarize(outcomes(late))
+    assert {r.status for r in outcomes(queued)} <= {200, 503}, server.output()
