@@ -197,9 +197,10 @@ class _GracefulWSGIWorker:
 
     def _cut(self) -> int:
         """At the exit: answer 503 on each request in flight whose response has not
-        started (gunicorn's ``headers_sent``), so that its client gets an answer it may
-        retry instead of a bare EOF; return how many."""
-        cut = 0
+        started (gunicorn's ``headers_sent``), and on each connection still waiting for
+        a thread, so that its client gets an answer it may retry instead of a bare EOF
+        or a reset; return how many."""
+        cut = self._cut_waiting()
         for sock, response in list(self._in_flight.values()):
             if getattr(response, "headers_sent", True):
                 continue  # a response under way: nothing clean to say
@@ -260,7 +261,9 @@ class _GracefulWSGIWorker:
         deadlines = self.coordinator.deadlines
         if deadlines is not None:  # the coordinator's clock is asyncio's: monotonic
             at = min(at, deadlines.exit_by)
-        return at
+        # Half the exit margin before the coordinator's own hard exit (``exit_by`` plus
+        # half of it), which would not answer what the heartbeat's exit cuts.
+        return at - _deadlines.exit_margin(margin) / 2
 
     def _arm_alarm(self) -> None:
         """Last resort for an app that holds the interpreter, so that no thread of ours
@@ -334,6 +337,11 @@ class _GracefulWSGIWorker:
         )
         logging.shutdown()
         os._exit(1)
+
+    def _cut_waiting(self) -> int:
+        """At the exit: refuse the connections accepted but not yet handed to the app
+        (the worker class knows them); return how many."""
+        return 0
 
     def _backlog_waiting(self) -> None:
         """While accepting: connections waiting in a listener's accept queue are traffic
@@ -510,19 +518,23 @@ class _ClosedListener:
         return self._name
 
 
-def _refuse(client: socket.socket) -> None:
-    """Read what the client sent (bounded), answer 503 with ``Connection: close``, close:
-    its request was not served, and it may retry."""
+def _refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
+    """Read what the client sent (bounded by ``timeout_s``), answer 503 with
+    ``Connection: close``, close: its request was not served, and it may retry."""
+    received = b""
     with contextlib.suppress(OSError):
-        client.settimeout(0.2)
-        received = b""
+        client.settimeout(timeout_s)
         while b"\r\n\r\n" not in received and len(received) < 65536:
             chunk = client.recv(65536)
             if not chunk:
                 break
             received += chunk
+    with contextlib.suppress(OSError):
+        client.settimeout(max(timeout_s, 0.05))
         client.sendall(_CUT_RESPONSE)
         client.shutdown(socket.SHUT_WR)
+    with contextlib.suppress(OSError):
+        client.setblocking(False)
         while client.recv(65536):  # what is left, so that the close sends no reset
             pass
     with contextlib.suppress(OSError):
@@ -544,7 +556,24 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
     def _prestop_waits(self) -> bool:
         return int(self.cfg.threads) > 1
 
+    def enqueue_req(self, conn: Any) -> None:
+        """gunicorn hands a connection to its thread pool: it waits for a thread until
+        ``handle`` takes it (``_cut_waiting`` answers it if the exit comes first)."""
+        self._waiting[id(conn)] = conn
+        super().enqueue_req(conn)
+
+    def handle(self, conn: Any) -> Any:
+        self._waiting.pop(id(conn), None)
+        return super().handle(conn)
+
+    def _cut_waiting(self) -> int:
+        waiting = list(getattr(self, "_waiting", {}).values())
+        for conn in waiting:
+            _refuse(conn.sock, timeout_s=0.0)
+        return len(waiting)
+
     def run(self) -> None:
+        self._waiting: dict[int, Any] = {}  # connections waiting for a thread
         self._start_if_signalled()
         try:
             super().run()

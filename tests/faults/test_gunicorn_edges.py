@@ -417,3 +417,29 @@ def test_a_busy_sync_worker_serves_or_refuses_what_queued_behind_it(
     assert outcomes([busy]) == [Outcome("busy", "ok", 200)]
     assert all(r.kind == "refused" for r in outcomes(late)), summarize(outcomes(late))
     assert {r.status for r in outcomes(queued)} <= {200, 503}, server.output()
+
+
+def test_connections_waiting_for_a_thread_at_the_exit_are_answered_503(
+    harness: Harness, record: Callable[[str], None]
+) -> None:
+    """ThreadWorker with one thread, inside a request that outlives ``--graceful-timeout
+    4``, three connections accepted behind it waiting for the thread: at the exit each
+    gets a 503 (its request was not served, it may retry) — not a reset."""
+    server = harness.gunicorn(
+        "--graceful-timeout", "4", "--threads", "1", app=WSGI_APP,
+        worker_class="ThreadWorker", env={"GRACEFUL_POLICY": "refuse-immediately"},
+    )  # fmt: skip
+    busy = Client.connect(server.port)
+    busy.request("/slow?s=10", "busy")
+    server.wait_for_line(r"started busy")
+    waiting = [Client.connect(server.port) for _ in range(3)]
+    for i, client in enumerate(waiting):
+        client.request("/", f"w{i}")
+    server.signal(signal.SIGTERM)
+    clients = [busy, *waiting]
+    collect(clients, 15, until=answered_and_closed)
+    results = outcomes(clients)
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; exit {code}")
+    assert [r for r in results if r.kind == "lost"] == [], (summarize(results), server.output())
+    assert not server.has_line(r"was sent SIGKILL"), server.output()
