@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-import graceful
 import graceful.aiohttp
 from examples.aiohttp_app import make_app
 
@@ -19,7 +18,8 @@ def main(port: int) -> None:
         app,
         host="127.0.0.1",
         port=port,
-        policy=graceful.AcceptUntilIdle(idle_s=2),
+        idle_s=2,  # graceful's options by their Python names: --idle 2
+        grace_period_s=30,  # --grace-period 30
     )
     # --8<-- [end:run]
 

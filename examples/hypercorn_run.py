@@ -9,7 +9,6 @@ import argparse
 
 from hypercorn.config import Config
 
-import graceful
 import graceful.hypercorn
 
 
@@ -21,9 +20,8 @@ def main(port: int) -> None:
         "examples.asgi_app:app",
         config,
         worker_class="trio",  # or "asyncio" (default: config.worker_class), "uvloop"
-        coordinator=graceful.ShutdownCoordinator(
-            policy=graceful.AcceptUntilIdle(idle_s=2), grace_period_s=30
-        ),
+        idle_s=2,  # graceful's options by their Python names: --idle 2
+        grace_period_s=30,  # --grace-period 30
     )
     # --8<-- [end:run]
 

@@ -1,4 +1,4 @@
-"""graceful.uvicorn.run: uvicorn.run with a shutdown policy.
+"""graceful.uvicorn.run: uvicorn.run with a shutdown policy and a kill deadline.
 
 python -m examples.uvicorn_run --port 8000
 """
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-import graceful
 import graceful.uvicorn
 
 
@@ -17,7 +16,11 @@ def main(port: int) -> None:
         "examples.asgi_app:app",
         host="127.0.0.1",
         port=port,
-        policy=graceful.AcceptUntilIdle(idle_s=1, max_wait_s=20),
+        # graceful's options, by their Python names (graceful run --idle 1 --max-wait 20
+        # --grace-period 30); the rest are uvicorn.run's own
+        idle_s=1,
+        max_wait_s=20,
+        grace_period_s=30,
     )
     # --8<-- [end:run]
 

@@ -176,17 +176,30 @@ def servers_text(config: Any, opt: Any) -> str | None:
     return ", ".join(servers)
 
 
+def python_text(config: Any, opt: Any) -> str:
+    """The option's keyword in the Python API's run functions, if they take it."""
+    python_options = getattr(config, "python_options", None)
+    if python_options is None or opt not in python_options():
+        return ""
+    return _code(opt.python)
+
+
 def _table(config: Any, options: Iterable[Any]) -> list[str]:
     options = list(options)
     with_servers = any(servers_text(config, o) is not None for o in options)
-    header = ["option", "variable", "default", "values", "what"]
+    with_python = any(python_text(config, o) for o in options)
+    header = ["option", "variable"]
+    if with_python:
+        header.append("Python")
+    header += ["default", "values", "what"]
     if with_servers:
         header.append("servers")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for opt in options:
-        cells = [
-            option_text(opt),
-            _code(opt.env),
+        cells = [option_text(opt), _code(opt.env)]
+        if with_python:
+            cells.append(python_text(config, opt))
+        cells += [
             default_text(config, opt),
             allowed_values(opt),
             help_text(opt),
@@ -214,6 +227,28 @@ def _error_examples(config: Any) -> list[str]:
     return lines
 
 
+def _python_intro(config: Any) -> list[str]:
+    """How the Python API takes the options (the "Python" column), if it does."""
+    python_options = getattr(config, "python_options", None)
+    if python_options is None:
+        return []
+    return [
+        "In Python, `graceful.uvicorn.run()` and `serve()`, `graceful.hypercorn.run()` and",
+        "`graceful.aiohttp.run_app()` take graceful's own options as keyword arguments by",
+        "the names in the *Python* column, checked by the same code as the command line:",
+        "a bad value is a `TypeError` or `ValueError` naming the keyword, the value and",
+        "what is allowed. There, `GRACEFUL_*` variables are not read (except",
+        "`GRACEFUL_GRACE_PERIOD`, which every coordinator reads when given no grace",
+        "period). The server's own settings (`host`, `port`, `log_level`, …) keep the",
+        "server's names: `uvicorn.Config`'s, hypercorn's `Config`, `run_app`'s.",
+        "",
+        "```python",
+        '--8<-- "examples/uvicorn_run.py:run"',
+        "```",
+        "",
+    ]
+
+
 def render() -> str:
     """The page, from the declarations in the installed or checked-out ``graceful``."""
     sys.path.insert(0, str(ROOT / "src"))
@@ -237,6 +272,7 @@ def render() -> str:
         "wins over the default; `graceful run --help` lists the same options.  The",
         "[gunicorn workers](gunicorn.md) read the same variables ([below](#under-gunicorn)).",
         "",
+        *_python_intro(config),
         "A bad value — from the command line or the environment — is one line naming the",
         "option as it was given, and exit status 2, before anything starts:",
         "",

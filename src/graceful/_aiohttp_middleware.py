@@ -31,7 +31,7 @@ from aiohttp import WSCloseCode, hdrs, web
 from typing_extensions import final
 
 from . import _health
-from ._coordinator import ShutdownCoordinator
+from ._coordinator import ShutdownCoordinator, _check_coordinator
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from ._shape import local_of
 from ._tracking import is_probe
@@ -104,8 +104,7 @@ class Middleware:
         websocket_close_grace_s: float = 1.0,
         readiness_on_shutdown: str = "fail",
     ) -> None:
-        if not isinstance(coordinator, ShutdownCoordinator):
-            raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
+        _check_coordinator(coordinator)
         _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
         #: ``"fail"`` or ``"keep"``: see ``graceful.asgi.GracefulMiddleware``.
         self.readiness_on_shutdown = _check_readiness_on_shutdown(readiness_on_shutdown)

@@ -10,7 +10,7 @@ from aiohttp import hdrs, web
 
 from . import _health
 from ._aiohttp_middleware import Handler, Middleware
-from ._coordinator import ShutdownCoordinator
+from ._coordinator import ShutdownCoordinator, _check_coordinator
 from ._drain_signal import DrainSignal
 
 __all__ = ("DRAIN_SIGNAL_KEY", "drain_signal", "setup")
@@ -56,9 +56,13 @@ def setup(
             ``graceful.asgi.GracefulMiddleware``.
 
     Raises:
+        TypeError: if ``app`` is not an application or ``coordinator`` not a coordinator.
         ValueError: if ``app`` was set up with another coordinator, or for a bad path.
         RuntimeError: if ``app`` is already frozen (started).
     """
+    if not isinstance(app, web.Application):
+        raise TypeError(f"app must be an aiohttp.web.Application, got {app!r}")
+    _check_coordinator(coordinator)
     existing = app.get(_MIDDLEWARE_KEY)
     if existing is not None:
         if existing.coordinator is not coordinator:

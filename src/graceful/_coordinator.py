@@ -42,10 +42,10 @@ import anyio
 import anyio.abc
 from typing_extensions import final
 
-from . import _deadlines
+from . import _deadlines, _logging
 from ._deadlines import Deadlines
 from ._engine import DUPLICATE_WINDOW_S as DUPLICATE_WINDOW_S  # the tests import it from here
-from ._engine import Background, PhaseEngine, PhaseListener
+from ._engine import Background, PhaseEngine, PhaseListener, _check_callable
 from ._engine import ShutdownStatistics as ShutdownStatistics
 from ._hooks import Hook
 from ._policy import (
@@ -72,7 +72,12 @@ def _check_policy(policy: object) -> Policy:
     if policy is None:
         return AcceptUntilIdle()
     if not isinstance(policy, Policy):
-        raise TypeError(f"policy must be a graceful Policy instance, got {policy!r}")
+        raise TypeError(
+            "policy must be a graceful Policy instance (graceful.AcceptUntilIdle(), "
+            "graceful.ServeUntilKilled(), graceful.RefuseImmediately() or "
+            "graceful.policy_from_name(...)) or None, got "
+            f"{type(policy).__name__} {policy!r}"
+        )
     return policy
 
 
@@ -226,7 +231,7 @@ class ShutdownCoordinator(Tracking):
         Returns:
             A function that unsubscribes the listener.
         """
-        return self._engine.subscribe(listener)
+        return self._engine.subscribe(_check_callable("listener", listener))
 
     def add_stopping_step(self, step: Hook) -> None:
         """For adapters: run ``step`` when stopping begins, before any user hook.
@@ -341,12 +346,7 @@ class ShutdownCoordinator(Tracking):
         Raises:
             ValueError: if a signal number is not a valid signal.
         """
-        valid = set(signal.valid_signals())
-        for signum in signums:
-            if isinstance(signum, bool) or signum not in valid:
-                raise ValueError(
-                    f"expect_relayed_signals: {signum!r} is not a signal number (signal.SIGTERM, …)"
-                )
+        _check_signals("expect_relayed_signals", signums)
         self._engine.relayed = self._engine.relayed | frozenset(signums)
 
     def set_kill_deadline(self, wall_clock_s: float, *, source: str) -> None:
@@ -376,6 +376,9 @@ class ShutdownCoordinator(Tracking):
         Returns:
             ``True`` if it did, ``False`` if ``timeout_s`` elapsed first.
         """
+        if not isinstance(phase, Phase):
+            allowed = ", ".join(f"Phase.{p.name}" for p in Phase)
+            raise TypeError(f"phase must be one of {allowed}, got {type(phase).__name__} {phase!r}")
         return await self._engine.wait_until(lambda: self._engine.phase >= phase, timeout_s)
 
     async def wait_drained(
@@ -427,6 +430,12 @@ class ShutdownCoordinator(Tracking):
                 runs the coordinator under plain uvicorn), it then gets the first
                 signal, so that the server stops once the coordinator did.
         """
+        if shutdown_trigger is not None:
+            _check_callable("shutdown_trigger", shutdown_trigger)
+        else:
+            # Run by the application itself (its lifespan, under plain uvicorn): no
+            # graceful server set up logging, so write through the server's handlers.
+            _logging.through_server()
         if not self._announced:  # once; a second run() while one runs raises below
             self._announced = True
             _announce(self.policy, self.grace_period_s, self._engine)
@@ -437,7 +446,31 @@ class ShutdownCoordinator(Tracking):
         own teardown (``asyncio.run`` waiting for tasks that ignore cancellation, the
         default executor's threads) is not done within ``within_s`` (and before the
         exit deadline), end it with status 0.  Needs ``hard_exit``."""
-        self._engine.exit_soon(within_s)
+        self._engine.exit_soon(_check_seconds("within_s", within_s))
+
+
+def _check_coordinator(coordinator: object) -> ShutdownCoordinator:
+    """``coordinator`` if it is a ``ShutdownCoordinator``, else a ``TypeError`` naming it."""
+    if not isinstance(coordinator, ShutdownCoordinator):
+        raise TypeError(
+            "coordinator must be a graceful.ShutdownCoordinator, got "
+            f"{type(coordinator).__name__} {coordinator!r}"
+        )
+    return coordinator
+
+
+def _check_signals(name: str, signums: object) -> tuple[int, ...]:
+    """``signums`` as a tuple of signal numbers, else an error naming ``name``."""
+    if not isinstance(signums, (tuple, list, set, frozenset)):
+        raise TypeError(
+            f"{name} must be a tuple of signal numbers (signal.SIGQUIT, …), got "
+            f"{type(signums).__name__} {signums!r}"
+        )
+    valid = set(signal.valid_signals())
+    for signum in signums:
+        if isinstance(signum, bool) or signum not in valid:
+            raise ValueError(f"{name}: {signum!r} is not a signal number (signal.SIGTERM, …)")
+    return tuple(signums)
 
 
 def _announce(policy: Policy, grace_period_s: float | None, engine: PhaseEngine) -> None:
@@ -460,7 +493,8 @@ def _announce(policy: Policy, grace_period_s: float | None, engine: PhaseEngine)
         )
     else:
         logger.warning(
-            "policy %s; no kill deadline known (set --grace-period or %s): assuming "
+            "policy %s; no kill deadline known (set --grace-period, grace_period_s= or %s): "
+            "assuming "
             "Kubernetes' default of %g s at shutdown (docker stop and Cloud Run give "
             "10 s, ECS 30 s, systemd 90 s)",
             described,

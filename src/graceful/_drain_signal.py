@@ -10,7 +10,7 @@ from typing import Final
 
 from typing_extensions import final
 
-from ._coordinator import ShutdownCoordinator
+from ._coordinator import ShutdownCoordinator, _check_coordinator
 from ._policy import Phase
 
 __all__ = ("DrainSignal",)
@@ -31,7 +31,7 @@ class DrainSignal:
     __slots__ = ("coordinator",)
 
     def __init__(self, coordinator: ShutdownCoordinator) -> None:
-        self.coordinator: Final = coordinator
+        self.coordinator: Final = _check_coordinator(coordinator)
 
     @property
     def draining(self) -> bool:

@@ -10,6 +10,11 @@ logger — decides where those lines go, and nothing here touches it.  Otherwise
 * under hypercorn and aiohttp they get hypercorn's format
   (``[date] [pid] [INFO] message``), aiohttp having none of its own.
 
+A coordinator the application runs itself (``coordinator.run()`` in the app's lifespan
+under plain ``uvicorn app:app``) writes through the server's handlers too, if the
+server configured its logging (``through_server``), so its phase lines are in the
+server's log as they are under ``graceful run``.
+
 The root logger is never configured: ``--log-level debug`` turns on graceful's debug
 lines, not every library's.
 """
@@ -24,9 +29,11 @@ __all__ = (
     "LOGGER",
     "PID_PREFIX",
     "SERVER_FORMAT",
+    "SERVER_LOGGERS",
     "configured",
     "level_of",
     "through",
+    "through_server",
     "to_gunicorn",
     "to_stderr",
 )
@@ -83,6 +90,28 @@ def through(server_logger: str, level: int | None = None) -> bool:
         level = logging.getLogger(f"{server_logger}.error").getEffectiveLevel()
     _install(_Through(server_logger), level)
     return True
+
+
+#: The loggers servers configure for their own lines before the app's lifespan starts
+#: (uvicorn's ``dictConfig``), in the order ``through_server`` looks at them.
+SERVER_LOGGERS: Final = ("uvicorn",)
+
+
+def through_server() -> bool:
+    """For a coordinator the application runs itself: unless the application
+    configured logging, write graceful's lines with the handlers of the first of
+    ``SERVER_LOGGERS`` that has any (the server that runs this process configured it),
+    at that server's level.
+
+    Returns:
+        Whether graceful's lines now go through a server's handlers.
+    """
+    if configured():
+        return False
+    for name in SERVER_LOGGERS:
+        if logging.getLogger(name).handlers:
+            return through(name)
+    return False
 
 
 def _stderr_handler() -> logging.Handler:

@@ -317,13 +317,18 @@ def policy_from_name(
     """Build a policy from its command-line name and options (``None``: the default).
 
     Raises:
+        TypeError: ``name`` is not a string, or an option has the wrong type.
         ValueError: for an unknown name, an option the policy does not take, or an
             invalid value; the message names the option, the value and what is allowed.
     """
+    allowed = ", ".join(repr(n) for n in sorted(POLICIES))
+    if not isinstance(name, str):
+        raise TypeError(
+            f"policy name must be a str, one of {allowed}, got {type(name).__name__} {name!r}"
+        )
     key = name.strip().lower().replace("_", "-")
     cls = POLICIES.get(key)
     if cls is None:
-        allowed = ", ".join(repr(n) for n in sorted(POLICIES))
         raise ValueError(f"unknown policy {name!r}; expected one of {allowed}")
     given = {
         "idle_s": idle_s,

@@ -13,10 +13,13 @@ import copy
 import functools
 import importlib.util
 import inspect
+import logging
 import os
 import socket
 import ssl
 import sys
+import sysconfig
+import traceback
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -117,9 +120,28 @@ def _coordinator(inv: Invocation) -> ShutdownCoordinator:
     return _config.build_coordinator(inv.values, exit_on_third_request=True, hard_exit=True)
 
 
-def _not_started(exc: BaseException) -> int:
-    reason = " ".join(str(exc).split()) or type(exc).__name__
-    print(f"graceful run: the app failed to start: {reason}", file=sys.stderr, flush=True)
+def _not_started(inv: Invocation, exc: BaseException) -> int:
+    """Status 3, and why in two lines: the app, the exception and where it was raised
+    (the traceback is logged at debug level: ``--log-level debug`` shows it)."""
+    _logging.LOGGER.debug("%s failed to start", inv.app, exc_info=exc)
+    reason = " ".join(str(exc).split())
+    frames = traceback.extract_tb(exc.__traceback__)[-1:]
+    # Where the app's own code raised: not a library's line (a module not found).
+    libraries = {sysconfig.get_path(p) for p in ("stdlib", "purelib", "platlib")}
+    libraries.add(os.path.dirname(__file__))
+    own = [
+        f for f in frames if f.filename[:1] != "<" and not f.filename.startswith(tuple(libraries))
+    ]
+    at = f" ({own[0].filename}, line {own[0].lineno})" if own else ""
+    debug = _logging.LOGGER.isEnabledFor(logging.DEBUG)
+    print(
+        f"graceful run: {inv.app} failed to start: {type(exc).__name__}"
+        f"{': ' + reason if reason else ''}{at}\n"
+        f"graceful run: exit status {EXIT_NOT_STARTED} (the app could not be loaded or started)"
+        + ("" if debug else "; --log-level debug shows the traceback"),
+        file=sys.stderr,
+        flush=True,
+    )
     return EXIT_NOT_STARTED
 
 
@@ -164,6 +186,10 @@ def _serve_uvicorn(inv: Invocation) -> int:
         if server.started:
             raise
         # uvicorn exits 1 when it cannot import the app: that is our status 3.
+    except Exception as exc:  # the app's module raised at import
+        if server.started:
+            raise
+        return _not_started(inv, exc)
     return EXIT_OK if server.started else EXIT_NOT_STARTED
 
 
@@ -268,7 +294,7 @@ def _serve_hypercorn(inv: Invocation) -> int:
     except Exception as exc:
         if served:
             raise
-        return _not_started(exc)
+        return _not_started(inv, exc)
     return EXIT_OK if served else EXIT_NOT_STARTED
 
 
@@ -298,8 +324,8 @@ def _serve_aiohttp(inv: Invocation) -> int:
     values = inv.values
     try:
         app = load_app(inv.app)
-    except (ImportError, ValueError, TypeError) as exc:
-        return _not_started(exc)
+    except Exception as exc:  # a missing module or attribute, or one that raised
+        return _not_started(inv, exc)
     try:
         ssl_context = _ssl_context(inv)
     except (OSError, ValueError) as exc:
@@ -349,5 +375,5 @@ def _serve_aiohttp(inv: Invocation) -> int:
     except Exception as exc:
         if served:
             raise
-        return _not_started(exc)
+        return _not_started(inv, exc)
     return EXIT_OK if served else EXIT_NOT_STARTED

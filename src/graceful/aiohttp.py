@@ -4,7 +4,7 @@
 
     import graceful.aiohttp
     graceful.aiohttp.run_app(app, host="0.0.0.0", port=8080,
-                             policy=graceful.AcceptUntilIdle(idle_s=2))
+                             grace_period_s=30, idle_s=2)  # graceful's options by name
 
 or, with a runner of your own::
 
@@ -34,7 +34,7 @@ import inspect
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -42,7 +42,7 @@ from aiohttp.log import access_logger
 from aiohttp.typedefs import PathLike
 from aiohttp.web_log import AccessLogger
 
-from . import _logging
+from . import _config, _logging
 from ._aiohttp_middleware import Middleware as Middleware
 from ._aiohttp_runner import AppRunner as AppRunner
 from ._aiohttp_setup import DRAIN_SIGNAL_KEY as DRAIN_SIGNAL_KEY
@@ -69,6 +69,10 @@ logger = logging.getLogger("graceful")
 
 
 # ------------------------------------------------------------------- run_app
+
+
+#: aiohttp's default ``shutdown_timeout``: the longest drain, unless told otherwise.
+_DEFAULT_SHUTDOWN_TIMEOUT_S: Final = 60.0
 
 
 async def _never() -> None:
@@ -167,12 +171,12 @@ def run_app(
     app: web.Application | Awaitable[web.Application],
     *,
     coordinator: ShutdownCoordinator | None = None,
-    policy: Policy | None = None,
+    policy: Policy | str | None = None,
     host: str | Iterable[str] | None = None,
     port: int | None = None,
     path: PathLike | Iterable[PathLike] | None = None,
     sock: socket.socket | Iterable[socket.socket] | None = None,
-    shutdown_timeout: float = 60.0,
+    shutdown_timeout: float = _DEFAULT_SHUTDOWN_TIMEOUT_S,
     keepalive_timeout: float = 75.0,
     ssl_context: Any = None,
     print: Callable[..., None] | None = print,
@@ -199,11 +203,14 @@ def run_app(
     The parameters are aiohttp's, except:
 
     Args:
-        coordinator: The process's coordinator; by default a new one with ``policy``
-            and ``drain_timeout_s=shutdown_timeout``.
-        policy: When accepting ends (only without ``coordinator``).
-        shutdown_timeout: The longest drain (the coordinator's ``drain_timeout_s``),
-            itself bounded by the kill deadline; ignored with ``coordinator``.
+        coordinator: The process's coordinator; by default a new one from ``policy``,
+            ``shutdown_timeout`` and graceful's options in ``kwargs``.
+        policy: When accepting ends: a ``graceful.Policy``, or a policy's name
+            (``"serve-until-killed"``, as ``graceful run --policy``); only without
+            ``coordinator``.
+        shutdown_timeout: The longest drain (the coordinator's ``drain_timeout_s``,
+            ``graceful run --drain-timeout``), itself bounded by the kill deadline;
+            ignored with ``coordinator``.
         handle_signals: ``True``: SIGTERM and SIGINT request shutdown (a second one
             escalates), SIGQUIT stops at once; the previous handlers are restored on
             return.  ``False``: shutdown only through the coordinator's API (or the
@@ -215,17 +222,34 @@ def run_app(
         websocket_close_grace_s: See ``setup``.
         metrics_path: See ``setup``.
         readiness_on_shutdown: See ``setup``.
-        kwargs: Passed to the ``AppRunner`` (and on to aiohttp's request handler).
+        kwargs: graceful's options that configure a new coordinator, by their Python
+            names (``grace_period_s``, ``kill_margin_s``, ``idle_s``, ``min_wait_s``,
+            ``max_wait_s``, ``nudge_clients``, ``drain_timeout_s`` instead of
+            ``shutdown_timeout``, ``kubernetes``, ``wait_for_endpoints``), checked as
+            ``graceful run``'s are; the rest is passed to the ``AppRunner`` (and on to
+            aiohttp's request handler).
+
+    Raises:
+        TypeError: a value of the wrong type (the message names the keyword, the value
+            and what is allowed).
+        ValueError: a bad value, likewise.
 
     graceful's own lines (the policy, the phases) go to standard error unless the
     application configured logging (a handler on the ``graceful`` or the root logger).
     """
-    if coordinator is not None and policy is not None:
-        raise ValueError("pass either coordinator= or policy=, not both")
+    caller = "graceful.aiohttp.run_app"
+    ours, kwargs = _config.split_python(kwargs)
     if coordinator is None:
-        coordinator = ShutdownCoordinator(
-            policy=policy, drain_timeout_s=_check_seconds("shutdown_timeout", shutdown_timeout)
-        )
+        _check_seconds("shutdown_timeout", shutdown_timeout)
+        if "drain_timeout_s" not in ours:
+            ours["drain_timeout_s"] = shutdown_timeout
+        elif shutdown_timeout != _DEFAULT_SHUTDOWN_TIMEOUT_S:
+            raise ValueError(
+                f"{caller}: shutdown_timeout and drain_timeout_s are the same setting "
+                "(the longest drain); give one"
+            )
+    # The middleware's options are run_app's own arguments: none is left in ``ours``.
+    coordinator, _ = _config.python_setup(caller, ours, coordinator=coordinator, policy=policy)
     if loop is None:
         loop = asyncio.new_event_loop()
     # graceful's phase lines on standard error, unless the application configured logging.
@@ -302,8 +326,11 @@ def load_app(target: str) -> web.Application | Awaitable[web.Application]:
 
     Raises:
         ValueError: if ``target`` is not ``MODULE:APP`` or ``APP`` is missing.
-        TypeError: if ``APP`` is neither an application nor a factory.
+        TypeError: if ``target`` is not a string, or ``APP`` is neither an
+            application nor a factory.
     """
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a str 'package.module:app', got {target!r}")
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ValueError(f"MODULE:APP must look like 'package.module:app', got {target!r}")

@@ -46,15 +46,16 @@ Health and metrics requests are not counted as in-flight requests.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Final
 
 import anyio
 from typing_extensions import final
 
 from . import _health
-from ._coordinator import ShutdownCoordinator
+from ._coordinator import ShutdownCoordinator, _check_coordinator
 from ._drain_signal import DrainSignal
 from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from ._tracking import is_probe
@@ -93,11 +94,61 @@ def drain_signal(scope: Scope) -> DrainSignal | None:
     It is looked up in ``scope["state"]["graceful"]`` (the lifespan state the server
     copies into every request) and in ``scope["extensions"]["graceful"]`` (where the
     middleware puts it too; deprecated for direct reading)."""
+    if not isinstance(scope, dict) and not isinstance(scope, Mapping):
+        raise TypeError(f"scope must be an ASGI scope (a mapping), got {scope!r}")
     for where in ("state", "extensions"):
         signal = (scope.get(where) or {}).get("graceful")
         if isinstance(signal, DrainSignal):
             return signal
     return None
+
+
+#: The middleware's options: its keyword arguments besides ``app`` and ``coordinator``,
+#: which ``graceful.uvicorn.Server`` and ``graceful.hypercorn.serve`` pass on to it.
+OPTIONS: Final = (
+    "readiness_path",
+    "liveness_path",
+    "prestop_path",
+    "websocket_close_grace_s",
+    "metrics_path",
+    "readiness_on_shutdown",
+)
+
+
+def check_options(caller: str = "GracefulMiddleware", /, **options: Any) -> None:
+    """Check the middleware's options as ``GracefulMiddleware`` does, without building
+    one: for servers that take them now and build the middleware when they serve.
+
+    Raises:
+        TypeError: an unknown option, or a value of the wrong type.
+        ValueError: a bad value (a path not starting with ``/``, a negative grace, two
+            endpoints on one path); the message names the option and the value.
+    """
+    for name in options:
+        if name not in OPTIONS:
+            raise TypeError(
+                f"{caller}() got an unexpected keyword argument {name!r} (the middleware's "
+                f"options are {', '.join(OPTIONS)})"
+            )
+    defaults = inspect.signature(GracefulMiddleware).parameters
+    options = {name: options.get(name, defaults[name].default) for name in OPTIONS}
+    _check_seconds("websocket_close_grace_s", options["websocket_close_grace_s"])
+    _check_readiness_on_shutdown(options["readiness_on_shutdown"])
+    paths: dict[str, str] = {}
+    for name in ("readiness_path", "liveness_path", "prestop_path", "metrics_path"):
+        path = _health.check_path(name, options[name])
+        if path is None:
+            continue
+        if path in paths:
+            raise ValueError(
+                f"{name} {path!r} is already used by another health endpoint ({paths[path]})"
+            )
+        paths[path] = name
+
+
+def _check_app(app: object) -> None:
+    if not callable(app):
+        raise TypeError(f"app must be an ASGI application (a callable), got {app!r}")
 
 
 @final
@@ -134,29 +185,33 @@ class GracefulMiddleware:
         metrics_path: str | None = None,
         readiness_on_shutdown: str = "fail",
     ) -> None:
-        if not isinstance(coordinator, ShutdownCoordinator):
-            raise TypeError(f"coordinator must be a ShutdownCoordinator, got {coordinator!r}")
-        _check_seconds("websocket_close_grace_s", websocket_close_grace_s)
-        self.readiness_on_shutdown: Final = _check_readiness_on_shutdown(readiness_on_shutdown)
+        _check_app(app)
+        _check_coordinator(coordinator)
+        check_options(
+            readiness_path=readiness_path,
+            liveness_path=liveness_path,
+            prestop_path=prestop_path,
+            websocket_close_grace_s=websocket_close_grace_s,
+            metrics_path=metrics_path,
+            readiness_on_shutdown=readiness_on_shutdown,
+        )
+        self.readiness_on_shutdown: Final = readiness_on_shutdown
         self.app = app
         self.coordinator = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
         self._health: dict[str, ASGIApp] = {}
         metrics: ASGIApp | None = None
-        if _health.check_path("metrics_path", metrics_path) is not None:
+        if metrics_path is not None:
             from . import metrics as _metrics  # the metrics extra, only when asked for
 
             metrics = _metrics.asgi_app(coordinator)
-        for name, path, handler in (
-            ("readiness_path", readiness_path, self._readiness),
-            ("liveness_path", liveness_path, self._liveness),
-            ("prestop_path", prestop_path, self._prestop),
-            ("metrics_path", metrics_path, metrics),
+        for path, handler in (
+            (readiness_path, self._readiness),
+            (liveness_path, self._liveness),
+            (prestop_path, self._prestop),
+            (metrics_path, metrics),
         ):
-            if _health.check_path(name, path) is not None:
-                assert path is not None
-                if path in self._health:
-                    raise ValueError(f"{name} {path!r} is already used by another health endpoint")
+            if path is not None:
                 assert handler is not None
                 self._health[path] = handler
         self._signal = DrainSignal(coordinator)

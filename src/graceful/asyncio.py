@@ -46,7 +46,8 @@ from typing import Any, TypeVar
 
 from typing_extensions import Self, final
 
-from ._coordinator import ShutdownCoordinator
+from ._coordinator import ShutdownCoordinator, _check_coordinator
+from ._engine import _check_callable
 from ._listeners import Handovers, close_keeping_backlog, count_accepts
 from ._policy import Phase
 
@@ -136,8 +137,10 @@ class Messages(AsyncIterator[T]):
     __slots__ = ("_first", "_read", "_server")
 
     def __init__(self, server: GracefulServer, read: Callable[[], Awaitable[T]]) -> None:
+        if not isinstance(server, GracefulServer):
+            raise TypeError(f"server must be a graceful.asyncio.GracefulServer, got {server!r}")
         self._server = server
-        self._read = read
+        self._read = _check_callable("read", read)
         self._first = True
 
     def __aiter__(self) -> Messages[T]:
@@ -165,8 +168,10 @@ class GracefulServer:
         protocol_factory: ProtocolFactory,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self.coordinator = coordinator
-        self._factory = protocol_factory
+        self.coordinator = _check_coordinator(coordinator)
+        self._factory = _check_callable("protocol_factory", protocol_factory)
+        if not isinstance(loop, asyncio.AbstractEventLoop):
+            raise TypeError(f"loop must be an asyncio event loop, got {loop!r}")
         self._loop = loop
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_Tracking] = set()
@@ -375,6 +380,7 @@ async def start_server(
     **kwargs: Any,
 ) -> GracefulServer:
     """Like ``asyncio.start_server``, following ``coordinator``'s phases."""
+    _check_callable("client_connected_cb", client_connected_cb)
     loop = asyncio.get_running_loop()
 
     def factory() -> asyncio.StreamReaderProtocol:

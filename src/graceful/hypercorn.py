@@ -7,7 +7,7 @@
 
     config = Config()
     config.bind = ["0.0.0.0:8000"]
-    graceful.hypercorn.run(app, config, policy=graceful.AcceptUntilIdle(idle_s=2))
+    graceful.hypercorn.run(app, config, grace_period_s=30, idle_s=2)
     # or, in a running loop (asyncio, uvloop or trio):
     await graceful.hypercorn.serve(app, config, coordinator=coordinator)
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal, cast
@@ -43,14 +44,15 @@ from hypercorn.utils import load_application
 from hypercorn.utils import wrap_app as hypercorn_wrap_app
 from typing_extensions import final
 
-from . import _logging
-from ._coordinator import ShutdownCoordinator
+from . import _config, _logging
+from ._coordinator import ShutdownCoordinator, _check_coordinator, _check_signals
+from ._engine import _check_callable
 from ._hypercorn_asyncio import _AsyncioWorker
 from ._hypercorn_server import HANDLED_SIGNALS as HANDLED_SIGNALS
 from ._hypercorn_trio import _TrioWorker
-from ._policy import Policy, _check_seconds
+from ._policy import Policy, _check_bool, _check_seconds
 from ._signals import QUICK_SIGNALS, teardown_guard
-from .asgi import GracefulMiddleware
+from .asgi import GracefulMiddleware, check_options
 
 __all__ = ("run", "serve")
 
@@ -194,10 +196,18 @@ async def serve(
     Raises:
         RuntimeError: outside an asyncio or trio event loop.
     """
-    if coordinator is None:
-        coordinator = ShutdownCoordinator()
-    _logging.through("hypercorn.error", _logging.level_of(str(config.loglevel or "info").lower()))
+    _check_app(app)
+    _check_config(config)
+    coordinator = ShutdownCoordinator() if coordinator is None else _check_coordinator(coordinator)
+    _check_bool("wrap_app", wrap_app)
+    if shutdown_trigger is not None:
+        _check_callable("shutdown_trigger", shutdown_trigger)
+    if mode not in (None, "asgi", "wsgi"):
+        raise ValueError(f"mode must be 'asgi', 'wsgi' or None, got {mode!r}")
+    quick_signals = _check_signals("quick_signals", quick_signals)
     idle_grace_s = _check_seconds("idle_grace_s", idle_grace_s)
+    check_options("graceful.hypercorn.serve", **middleware_options)
+    _logging.through("hypercorn.error", _logging.level_of(str(config.loglevel or "info").lower()))
     wrapper = _app_wrapper(
         app,
         config,
@@ -225,30 +235,48 @@ def run(
     *,
     worker_class: WorkerClass | None = None,
     coordinator: ShutdownCoordinator | None = None,
-    policy: Policy | None = None,
+    policy: Policy | str | None = None,
     **kwargs: Any,
 ) -> None:
     """Run ``serve`` in a new event loop (like ``hypercorn``'s command, one process).
 
     Args:
         app: An ASGI or WSGI app, or ``"module:app"``.
-        config: The hypercorn configuration (default: ``Config()``, port 8000).
+        config: The hypercorn configuration (default: ``Config()``, port 8000): the
+            server's own settings (``bind``, TLS, ``keep_alive_timeout``, ``loglevel``).
         worker_class: ``"asyncio"``, ``"uvloop"`` or ``"trio"`` (default:
             ``config.worker_class``).
-        coordinator: The coordinator (default: a new one with ``policy``).
-        policy: The shutdown policy of a new coordinator.
-        kwargs: Passed to ``serve``.
+        coordinator: The coordinator (default: a new one, from ``policy`` and
+            graceful's options below).
+        policy: A ``graceful.Policy``, or a policy's name (``"serve-until-killed"``);
+            only without ``coordinator``.
+        kwargs: graceful's options by their Python names (``grace_period_s``,
+            ``idle_s``, ``drain_timeout_s``, ``readiness_path``, …: as
+            ``graceful.uvicorn.serve``), checked as ``graceful run``'s are, and
+            ``serve``'s other arguments (``wrap_app``, ``shutdown_trigger``,
+            ``sockets``, ``mode``, ``quick_signals``, ``idle_grace_s``).
+
+    Raises:
+        TypeError: an unknown keyword, or a value of the wrong type (the message names
+            the keyword, the value and what is allowed).
+        ValueError: a bad value, likewise.
     """
-    if coordinator is not None and policy is not None:
-        raise ValueError("pass either coordinator= or policy=, not both")
-    if config is None:
-        config = Config()
-    if coordinator is None:
-        coordinator = ShutdownCoordinator(policy=policy)
+    caller = "graceful.hypercorn.run"
+    _check_app(app)
+    config = Config() if config is None else _check_config(config)
     worker = worker_class if worker_class is not None else config.worker_class
     if worker not in WORKER_CLASSES:
         raise ValueError(f"worker_class must be one of {', '.join(WORKER_CLASSES)}, got {worker!r}")
-    main = functools.partial(serve, app, config, coordinator=coordinator, **kwargs)
+    ours, rest = _config.split_python(kwargs)
+    accepted = set(inspect.signature(serve).parameters) - {"app", "config", "coordinator"}
+    accepted -= {"middleware_options"}
+    for name in rest:
+        if name not in accepted:
+            raise _config.unexpected_keyword(caller, name, accepted | set(ours))
+    coordinator, middleware = _config.python_setup(
+        caller, ours, coordinator=coordinator, policy=policy
+    )
+    main = functools.partial(serve, app, config, coordinator=coordinator, **rest, **middleware)
     # A signal during the teardown after the shutdown (the kubelet's SIGTERM right after
     # a preStop drain) is logged, not left to kill the process (status 143).
     with teardown_guard(lambda: coordinator.shutdown_requested):
@@ -256,3 +284,18 @@ def run(
             anyio.run(main, backend="trio")
         else:
             anyio.run(main, backend="asyncio", backend_options={"use_uvloop": worker == "uvloop"})
+
+
+def _check_app(app: object) -> None:
+    if not isinstance(app, str) and not callable(app):
+        raise TypeError(
+            f"app must be an ASGI or WSGI application or an import string 'module:app', got {app!r}"
+        )
+
+
+def _check_config(config: object) -> Config:
+    if not isinstance(config, Config):
+        raise TypeError(
+            f"config must be a hypercorn.config.Config, got {type(config).__name__} {config!r}"
+        )
+    return config

@@ -72,7 +72,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import final
 
-from ._policy import AcceptUntilIdle, Phase, _check_seconds
+from ._coordinator import _check_coordinator
+from ._engine import _check_callable
+from ._policy import (
+    AcceptUntilIdle,
+    Phase,
+    _check_bool,
+    _check_optional_seconds,
+    _check_seconds,
+)
 
 if TYPE_CHECKING:
     from ._coordinator import ShutdownCoordinator
@@ -130,6 +138,9 @@ def pod_identity(
     """The pod's name and namespace: ``POD_NAME``/``POD_NAMESPACE`` (the downward API),
     else the hostname (a pod's hostname is its name unless ``spec.hostname`` is set) and
     the service account's namespace file."""
+    if environ is not None and not isinstance(environ, Mapping):
+        raise TypeError(f"environ must be a mapping (os.environ) or None, got {environ!r}")
+    _check_optional_str("hostname", hostname)
     environ = os.environ if environ is None else environ
     name = environ.get(POD_NAME_ENV, "").strip()
     namespace = environ.get(POD_NAMESPACE_ENV, "").strip() or None
@@ -147,6 +158,11 @@ def pod_identity(
         if namespace:
             sources.append(str(namespace_file))
     return PodIdentity(name, namespace, " and ".join(sources))
+
+
+def _check_optional_str(name: str, value: object) -> None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, got {type(value).__name__} {value!r}")
 
 
 # ---------------------------------------------------------------- the deadline
@@ -184,7 +200,17 @@ def kill_deadline(
         requested_at_s: When shutdown was requested (our SIGTERM), wall clock.
         clock_skew_s: How far the API server's clock may run ahead of ours.
         grace_period_known: A grace period was configured (flag, variable, gunicorn).
+
+    Raises:
+        TypeError, ValueError: an argument that is not a number of seconds >= 0 (or
+            ``None`` where allowed), naming it.
     """
+    _check_optional_seconds("deletion_timestamp_s", deletion_timestamp_s)
+    _check_optional_seconds("deletion_grace_s", deletion_grace_s)
+    _check_optional_seconds("termination_grace_s", termination_grace_s)
+    _check_seconds("requested_at_s", requested_at_s)
+    _check_seconds("clock_skew_s", clock_skew_s)
+    _check_bool("grace_period_known", grace_period_known)
     if deletion_timestamp_s is not None:
         at = deletion_timestamp_s - clock_skew_s
         stamp = datetime.datetime.fromtimestamp(deletion_timestamp_s, datetime.timezone.utc)
@@ -221,6 +247,10 @@ def read_kill_deadline(
     cannot be read (logged).  For a process without an event loop: the ``graceful run
     --workers`` parent, which must not SIGKILL its workers before the pod's own deadline.
     """
+    _check_seconds("requested_at_s", requested_at_s)
+    _check_bool("grace_period_known", grace_period_known)
+    _check_seconds("clock_skew_s", clock_skew_s)
+    _check_seconds("api_timeout_s", api_timeout_s)
     try:
         import httpx2
         import lightkube
@@ -290,6 +320,11 @@ def endpoint_state(
 ) -> EndpointState:
     """The pod's ``EndpointState`` in ``slices`` (EndpointSlice objects as dicts,
     by name), matched by ``targetRef`` (kind ``Pod``), else by address."""
+    if not isinstance(slices, Mapping):
+        raise TypeError(f"slices must be a mapping of EndpointSlices by name, got {slices!r}")
+    if not isinstance(pod_name, str):
+        raise TypeError(f"pod_name must be a str, got {type(pod_name).__name__} {pod_name!r}")
+    _check_optional_str("pod_ip", pod_ip)
     listed = ready = 0
     for item in slices.values():
         mine = [e for e in item.get("endpoints") or () if _lists_pod(e, pod_name, pod_ip)]
@@ -335,6 +370,10 @@ class Kubernetes:
             _check_seconds("clock_skew_s", clock_skew_s)
         self.clock_skew_s: Final = clock_skew_s
         self.api_timeout_s: Final = _check_seconds("api_timeout_s", api_timeout_s)
+        _check_optional_str("pod_name", pod_name)
+        _check_optional_str("namespace", namespace)
+        if client_factory is not None:
+            _check_callable("client_factory", client_factory)
         identity = pod_identity()
         self.identity: Final = PodIdentity(
             pod_name or identity.name,
@@ -372,6 +411,7 @@ class Kubernetes:
         Starts with the coordinator's ``graceful.ShutdownCoordinator.run`` and
         stops with it.
         """
+        _check_coordinator(coordinator)
         if self._coordinator is not None:
             raise RuntimeError("this Kubernetes integration is already attached")
         try:

@@ -64,7 +64,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "graceful.metrics needs prometheus-client: pip install 'graceful-drain[metrics]'"
     ) from exc
 
-from ._coordinator import ShutdownCoordinator, ShutdownStatistics
+from ._coordinator import ShutdownCoordinator, ShutdownStatistics, _check_coordinator
 from ._policy import Phase, _check_seconds
 
 __all__ = (
@@ -182,12 +182,6 @@ _SPECS: Final = (
 
 
 # ----------------------------------------------------------------- checking input
-
-
-def _check_coordinator(coordinator: object) -> ShutdownCoordinator:
-    if not isinstance(coordinator, ShutdownCoordinator):
-        raise TypeError(f"coordinator must be a graceful.ShutdownCoordinator, got {coordinator!r}")
-    return coordinator
 
 
 def _check_registry(registry: object) -> CollectorRegistry | None:

@@ -4,7 +4,7 @@
 
     import graceful.uvicorn
     graceful.uvicorn.run("myapp:app", host="0.0.0.0", port=8000,
-                         policy=graceful.AcceptUntilIdle(idle_s=2))
+                         grace_period_s=30, idle_s=2)  # graceful's options by name
 
 or, with a config of your own, ``await graceful.uvicorn.Server(config).serve()``.
 
@@ -50,22 +50,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 from collections.abc import Generator
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 import uvicorn
 from typing_extensions import final
 
-from . import _logging
-from ._coordinator import ShutdownCoordinator
+from . import _config, _logging
+from ._coordinator import ShutdownCoordinator, _check_coordinator, _check_signals
 from ._listeners import Handovers, count_accepts
-from ._policy import Phase, Policy, _check_seconds
+from ._policy import Phase, Policy, _check_bool, _check_seconds
 from ._signals import QUICK_SIGNALS, catch_signals, teardown_guard
 from ._uvicorn_shape import HotPath, UvicornShape, is_httptools, tracking_class
-from .asgi import ASGIApp, GracefulMiddleware
+from .asgi import ASGIApp, GracefulMiddleware, check_options
 
 __all__ = ("Server", "run", "serve")
 
@@ -127,11 +128,18 @@ class Server(uvicorn.Server):
         idle_grace_s: float = 1.0,
         **middleware_options: Any,
     ) -> None:
-        super().__init__(config)
-        self._quick_signals = quick_signals
-        self.coordinator = coordinator if coordinator is not None else ShutdownCoordinator()
+        if not isinstance(config, uvicorn.Config):
+            raise TypeError(
+                f"config must be a uvicorn.Config, got {type(config).__name__} {config!r}"
+            )
+        if coordinator is not None:
+            _check_coordinator(coordinator)
+        self._wrap_app = _check_bool("wrap_app", wrap_app)
+        self._quick_signals = _check_signals("quick_signals", quick_signals)
         self.idle_grace_s = _check_seconds("idle_grace_s", idle_grace_s)
-        self._wrap_app = wrap_app
+        check_options("graceful.uvicorn.Server", **middleware_options)
+        super().__init__(config)
+        self.coordinator = coordinator if coordinator is not None else ShutdownCoordinator()
         self._middleware_options = middleware_options
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None  # main_loop's tick, while it sleeps
@@ -352,30 +360,55 @@ async def _never() -> None:
     await asyncio.Event().wait()
 
 
+#: ``uvicorn.Config`` settings ``Server`` does not carry out: ``uvicorn.run`` does
+#: them around the server (several processes, the reloader); not here.
+_NOT_HERE: Final = {
+    "workers": "graceful run --workers N, or gunicorn with graceful.gunicorn.UvicornWorker",
+    "reload": "graceful run --reload",
+}
+#: uvicorn's name for the longest drain (``graceful run --timeout-graceful-shutdown``).
+_DRAIN_ALIAS: Final = "timeout_graceful_shutdown"
+
+
 def _make_server(
+    caller: str,
     app: ASGIApp | str,
     coordinator: ShutdownCoordinator | None,
-    policy: Policy | None,
+    policy: Policy | str | None,
     kwargs: dict[str, Any],
 ) -> Server:
-    if coordinator is not None and policy is not None:
-        raise ValueError("pass either coordinator= or policy=, not both")
-    if coordinator is None:
-        coordinator = ShutdownCoordinator(policy=policy)
-    middleware = {
-        key: kwargs.pop(key)
-        for key in (
-            "readiness_path",
-            "liveness_path",
-            "prestop_path",
-            "websocket_close_grace_s",
-            "metrics_path",
-            "readiness_on_shutdown",
+    """The server of ``run`` and ``serve``: graceful's options (by their Python names)
+    build the coordinator and the middleware, checked as ``graceful run`` checks them;
+    ``wrap_app`` and the rest go to ``uvicorn.Config``."""
+    if not isinstance(app, str) and not callable(app):
+        raise TypeError(
+            f"app must be an ASGI application or an import string 'module:app', got {app!r}"
         )
-        if key in kwargs
-    }
-    wrap_app = kwargs.pop("wrap_app", True)
-    config = uvicorn.Config(app, **kwargs)
+    ours, rest = _config.split_python(kwargs)
+    wrap_app = rest.pop("wrap_app", True)
+    accepted = set(inspect.signature(uvicorn.Config).parameters) - {"app"}
+    for name in rest:
+        if name not in accepted:
+            known = accepted | set(ours) | {o.python for o in _config.python_options()}
+            raise _config.unexpected_keyword(caller, name, known)
+    for name, instead in _NOT_HERE.items():
+        if rest.get(name):
+            raise ValueError(
+                f"{caller}: {name}={rest[name]!r} is not supported here (one process, no "
+                f"reloader): use {instead}"
+            )
+    drain = rest.pop(_DRAIN_ALIAS, None)
+    if drain is not None:  # uvicorn's name for the longest drain, as on the command line
+        if "drain_timeout_s" in ours:
+            raise ValueError(
+                f"{caller}: {_DRAIN_ALIAS} and drain_timeout_s are the same setting "
+                "(the longest drain); give one"
+            )
+        ours["drain_timeout_s"] = drain
+    coordinator, middleware = _config.python_setup(
+        caller, ours, coordinator=coordinator, policy=policy
+    )
+    config = uvicorn.Config(app, **rest)
     return Server(config, coordinator=coordinator, wrap_app=wrap_app, **middleware)
 
 
@@ -383,31 +416,54 @@ async def serve(
     app: ASGIApp | str,
     *,
     coordinator: ShutdownCoordinator | None = None,
-    policy: Policy | None = None,
+    policy: Policy | str | None = None,
     **kwargs: Any,
 ) -> None:
     """Serve ``app`` with a graceful ``Server`` in the running event loop.
 
-    Keyword arguments go to ``uvicorn.Config``, except the middleware's
-    (``readiness_path``, ``liveness_path``, ``prestop_path``, ``websocket_close_grace_s``,
-    ``metrics_path``, ``readiness_on_shutdown``)
-    and ``wrap_app``.
+    Args:
+        app: An ASGI application, or an import string ``"module:app"``.
+        coordinator: The process's coordinator (default: a new one, from ``policy``
+            and graceful's options below).
+        policy: A ``graceful.Policy``, or a policy's name (``"serve-until-killed"``, as
+            ``graceful run --policy``); only without ``coordinator``.
+        kwargs: graceful's options, by their Python names — every ``graceful run``
+            option that is not uvicorn's: ``idle_s``, ``min_wait_s``, ``max_wait_s``,
+            ``nudge_clients``, ``drain_timeout_s``, ``grace_period_s``,
+            ``kill_margin_s``, ``kubernetes``, ``wait_for_endpoints``,
+            ``readiness_on_shutdown``, ``readiness_path``, ``liveness_path``,
+            ``prestop_path``, ``metrics_path``, ``websocket_close_grace_s`` (the
+            configuration page lists each with its flag), checked as the command
+            line's are; ``wrap_app`` (see ``Server``); everything else goes to
+            ``uvicorn.Config`` (``host``, ``port``, ``log_level``, …).
+            uvicorn's ``timeout_graceful_shutdown`` is ``drain_timeout_s``.  The
+            options that configure the coordinator (all but the middleware's) are an
+            error together with ``coordinator``.
+
+    Raises:
+        TypeError: an unknown keyword, or a value of the wrong type (the message names
+            the keyword, the value and what is allowed).
+        ValueError: a bad value, likewise; ``workers`` or ``reload`` (one process here).
     """
-    await _make_server(app, coordinator, policy, kwargs).serve()
+    await _make_server("graceful.uvicorn.serve", app, coordinator, policy, kwargs).serve()
 
 
 def run(
     app: ASGIApp | str,
     *,
     coordinator: ShutdownCoordinator | None = None,
-    policy: Policy | None = None,
+    policy: Policy | str | None = None,
     **kwargs: Any,
 ) -> None:
-    """Like ``uvicorn.run`` (single process), with graceful shutdown; see ``serve``.
+    """Like ``uvicorn.run`` (single process), with graceful shutdown; the arguments are
+    ``serve``'s::
+
+        graceful.uvicorn.run("myapp:app", host="0.0.0.0", port=8000,
+                             grace_period_s=30, idle_s=2)
 
     A signal during the teardown after the shutdown (the kubelet's SIGTERM right after a
     preStop drain) is logged, not left to kill the process with its default action.
     """
-    server = _make_server(app, coordinator, policy, kwargs)
+    server = _make_server("graceful.uvicorn.run", app, coordinator, policy, kwargs)
     with teardown_guard(lambda: server.coordinator.shutdown_requested):
         server.run()

@@ -305,6 +305,39 @@ def test_app_that_fails_to_import_exits_3() -> None:
     assert "Traceback" not in result.stdout + result.stderr
 
 
+#: An app whose module raises while it is imported.
+RAISES_AT_IMPORT = 'import os\nraise RuntimeError("no DATABASE_URL")\n'
+
+
+@pytest.mark.parametrize("server", ["uvicorn", "hypercorn", "aiohttp"])
+def test_app_that_raises_at_import_exits_3_with_two_lines(tmp_path: Path, server: str) -> None:
+    """Not a traceback: the app, the exception and its line, and what status 3 means."""
+    (tmp_path / "broken_app.py").write_text(RAISES_AT_IMPORT)
+    env = clean_environment(PYTHONPATH=str(tmp_path))
+    result = graceful_run("broken_app:app", "--port", "0", "--server", server, env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 2, output
+    assert lines[0] == (
+        "graceful run: broken_app:app failed to start: RuntimeError: no DATABASE_URL "
+        f"({tmp_path / 'broken_app.py'}, line 2)"
+    ), output
+    assert lines[1].startswith("graceful run: exit status 3"), output
+    assert "--log-level debug" in lines[1], output
+
+
+def test_with_log_level_debug_a_failed_import_shows_its_traceback(tmp_path: Path) -> None:
+    (tmp_path / "broken_app.py").write_text(RAISES_AT_IMPORT)
+    env = clean_environment(PYTHONPATH=str(tmp_path))
+    result = graceful_run("broken_app:app", "--port", "0", "--log-level", "debug", env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output
+    assert "Traceback (most recent call last)" in output, output
+    assert 'raise RuntimeError("no DATABASE_URL")' in output, output
+    assert output.count("broken_app:app failed to start: RuntimeError") == 1, output
+
+
 def test_workers_that_fail_to_start_stop_the_parent(started: list[ServerProcess]) -> None:
     server = start(started, "no_such_module:app", "--port", "0", "--workers", "2")
     assert server.wait_exit() == 3

@@ -15,6 +15,7 @@ Real server processes, real signals, raw HTTP clients."""
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -83,6 +84,32 @@ def test_with_run_in_the_lifespan_the_policy_runs_then_the_server_stops() -> Non
     finally:
         process.stop()
     assert WARNING not in process.output()
+
+
+#: The coordinator's lines, in uvicorn's format (``INFO:     …``).
+PHASE_LINES = (
+    r"policy accept-until-idle \(idle 1 s, at most 30 s\); kill deadline: grace period 20 s",
+    r"serving -> accepting: SIGTERM",
+    r"accepting -> draining: ",
+    r"draining -> stopping: ",
+    r"stopping -> stopped: ",
+)
+
+
+def test_with_run_in_the_lifespan_the_phases_are_in_uvicorns_log_once() -> None:
+    """Stock uvicorn configures its own loggers only: graceful's lines go through its
+    handler (they used to go nowhere, so "no phase line" looked like a lost SIGTERM)."""
+    process, _ = start("uvicorn", RUN_COORDINATOR="1")
+    try:
+        process.wait_for_line(PHASE_LINES[0])
+        process.signal(signal.SIGTERM)
+        process.wait_for_line(PHASE_LINES[-1])
+        process.wait_exit(timeout_s=15)
+    finally:
+        process.stop()
+    output = process.output()
+    for line in PHASE_LINES:
+        assert len(re.findall(rf"^INFO:     {line}", output, re.MULTILINE)) == 1, output
 
 
 #: hypercorn's documented API, ``hypercorn.asyncio.serve(app, config)``, which handles

@@ -157,7 +157,7 @@ async def test_works_as_starlette_middleware() -> None:
     [
         ({"readiness_path": "ready"}, "readiness_path must be a path starting with '/'"),
         ({"websocket_close_grace_s": -1}, "websocket_close_grace_s must be a finite"),
-        ({"coordinator": object()}, "coordinator must be a ShutdownCoordinator"),
+        ({"coordinator": object()}, "coordinator must be a graceful.ShutdownCoordinator"),
     ],
 )
 def test_bad_options_are_rejected(kwargs: dict[str, Any], message: str) -> None:
