@@ -19,14 +19,26 @@ good and reports those still running to the coordinator, each until its task end
 The middleware watches them (``Middleware.watch``): their responses are nudged like any
 other and the middleware notes which began; at the cut, those whose response had not
 begun are cancelled and answered 503 in the same step.
+
+The self-test: the first request the hot path serves (no health route) is checked once,
+while it runs — suspended for one loop turn, the finder (``running``) must find its task
+and that very request, and the request must offer what the nudge and the 503 of a cut
+read (its class's ``keep_alive``, its writer's ``output_size``).  If not, one warning
+names aiohttp's version and what did not hold, that request is counted until it ends,
+and every later one takes the middleware (which counts each).  The dispatcher's call
+target is swapped for the application's handler at that first request, so later
+requests run the same code as without the self-test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 from collections.abc import Awaitable, Callable, Container
 from typing import Any, cast
 
+import aiohttp
 import anyio
 from aiohttp import hdrs, web
 from typing_extensions import final
@@ -36,6 +48,8 @@ from ._coordinator import ShutdownCoordinator
 from ._shape import awaited, called_from, finisher, local_of, stack_frames
 
 __all__ = ("HotPath",)
+
+logger = logging.getLogger("graceful")
 
 #: aiohttp's ``web.Server.request_handler``.
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -64,6 +78,7 @@ class HotPath:
         "adopted",
         "connections",
         "elsewhere",
+        "failed",
         "handle",
         "loop",
         "middleware",
@@ -91,16 +106,31 @@ class HotPath:
         self._started_off: int | None = None  # ``started`` once adopted
         #: The requests adopted at the shutdown request, with their tasks.
         self.adopted: list[tuple[asyncio.Task[Any], web.BaseRequest]] = []
+        self.failed = False  # the self-test failed: off for good, nothing to adopt
         self.request_handler = self._dispatcher()
 
     def _dispatcher(self) -> Handler:
-        hot, handle, middleware, upgrade = self, self.handle, self.middleware, hdrs.UPGRADE
+        hot, real, middleware, upgrade = self, self.handle, self.middleware, hdrs.UPGRADE
+        health = middleware.uncounted_paths
+        handle: Handler = real
+
+        def first(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
+            # The first hot request that is no health probe only: the self-test
+            # (``_probe``).  The dispatcher's ``handle`` is the application's handler
+            # from then on, so later requests pay nothing.
+            nonlocal handle
+            if request.path in health:
+                return real(request)
+            handle = real
+            return hot._probe(request, real(request))
+
+        handle = first
 
         def dispatch(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
             if hot.on and upgrade not in request.headers:
                 return handle(request)
             hot.elsewhere += 1
-            return middleware(cast(web.Request, request), handle)
+            return middleware(cast(web.Request, request), real)
 
         return dispatch
 
@@ -113,7 +143,8 @@ class HotPath:
                 return []
         except RuntimeError:
             return []
-        handle_code = _code(self.handle)
+        # The application's handler, or the self-test's wrapper of its first call.
+        handle_code, probe_code = _code(self.handle), _code(HotPath._probe)
         middleware_code = _code(type(self.middleware).__call__)
         health = self.middleware.uncounted_paths
         current = asyncio.current_task()
@@ -125,7 +156,7 @@ class HotPath:
                 codes = {frame.f_code for frame in stack_frames()}
             else:
                 codes = {getattr(c, "cr_code", None) for c in awaited(task.get_coro())}
-            if handle_code not in codes or middleware_code in codes:
+            if (handle_code not in codes and probe_code not in codes) or middleware_code in codes:
                 continue
             request = local_of(task.get_coro(), web.BaseRequest)  # the one it serves
             if request is None or request.protocol not in self.connections:
@@ -133,6 +164,82 @@ class HotPath:
             if request.path not in health:
                 found.append((task, request))
         return found
+
+    # --------------------------------------------------------------- self-test
+
+    async def _probe(
+        self, request: web.BaseRequest, coroutine: Awaitable[web.StreamResponse]
+    ) -> web.StreamResponse:
+        """The first hot request's handler call: the self-test (``check``) runs while
+        this request is suspended (``call_soon`` runs before the task's next step), then
+        the handler runs.  If the check failed, this request is counted here, as the
+        middleware counts the later ones."""
+        task = asyncio.current_task()
+        if task is None:
+            self.fail("the request handler's coroutine is not run by a task")
+        else:
+            asyncio.get_running_loop().call_soon(self.check, task, request)
+            await asyncio.sleep(0)
+        if not self.failed:
+            return await coroutine
+        coordinator = self.middleware.coordinator
+        self.elsewhere += 1  # the coordinator counts it
+        sampled = coordinator.request_started()
+        try:
+            return await coroutine
+        finally:
+            coordinator.request_finished(sampled)
+
+    def check(self, task: asyncio.Task[Any], request: web.BaseRequest) -> None:
+        """The self-test: ``running`` — the finder that counts the hot path's requests
+        for the drain — finds ``task`` (suspended) serving ``request``, the very object
+        its handler gets (the nudge watches it, the 503 of a cut is written to it), and
+        ``request`` offers what those read: its class's ``keep_alive`` and its writer's
+        ``output_size`` (whether its response began)."""
+        if not self.on:  # shutdown began meanwhile: adopt ran the finder already
+            return
+        if any(t is task and r is request for t, r in self.running()):
+            try:
+                size = request.writer.output_size
+            except (AttributeError, RuntimeError):
+                size = None
+            if not isinstance(size, int):
+                self.fail("the request's writer has no output_size")
+            elif not hasattr(inspect.getattr_static(type(request), "keep_alive", None), "__get__"):
+                self.fail("the request's class has no keep_alive")
+        else:
+            self.fail(self._missed(task, request))
+
+    def _missed(self, task: asyncio.Task[Any], request: web.BaseRequest) -> str:
+        """What did not hold, ``running`` having missed ``request``'s ``task``."""
+        if task not in asyncio.all_tasks():
+            return "the request's task is not among the loop's tasks"
+        if _code(HotPath._probe) not in {
+            getattr(c, "cr_code", None) for c in awaited(task.get_coro())
+        }:
+            return "the request's task does not await the request handler's coroutine"
+        found = local_of(task.get_coro(), web.BaseRequest)
+        if found is None:
+            return "no coroutine of the request's task holds the request"
+        if found is not request:
+            return "the request the handler gets is not the one its task holds"
+        if request.protocol not in self.connections:
+            return "the request's connection is not one of the runner's"
+        return "the drain's finder does not find the request"
+
+    def fail(self, what: str) -> None:
+        """One warning; every later request takes the middleware (which counts each)."""
+        logger.warning(
+            "aiohttp %s: hot path self-test failed (%s); graceful cannot find the "
+            "requests in flight on the hot path, every request now goes through the "
+            "middleware",
+            aiohttp.__version__,
+            what,
+        )
+        self.on = False
+        self.failed = True
+
+    # ------------------------------------------------------------ what it started
 
     @property
     def started(self) -> int:
