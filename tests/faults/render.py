@@ -64,6 +64,11 @@ says what is wrong); the mark is strict, so the suite turns red the moment a fix
 as a reminder to remove it.
 """
 
+#: Hand-written sections after the cases, in this order: files beside this one (the
+#: listener seal's rules; the gunicorn workers beside the stock ones, as
+#: ``benchmarks/gunicorn_edges.py`` printed it).
+APPENDICES = ["gunicorn_edges.md", "seal_rules.md"]
+
 #: (situation, exit status): what the signal, deadline, workers and bad-input cases assert.
 EXIT_STATUSES = [
     ("SIGTERM or SIGINT: drained, or cut at the drain deadline", "0"),
@@ -141,6 +146,10 @@ def render(results: dict[str, dict[str, Any]]) -> str:
                 f"{_cell(_result(entry))} |"
             )
         out.append("")
+    for name in APPENDICES:
+        path = HERE / name
+        if path.exists():
+            out.append(path.read_text().rstrip() + "\n")
     out.append("## Exit statuses\n")
     out.append("What the signal, deadline, workers and bad-input cases assert:\n")
     out.append("| situation | exit status of `graceful run` |")

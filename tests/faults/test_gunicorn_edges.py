@@ -37,6 +37,9 @@ from .test_wsgi_workers import answered_and_closed
 pytest.importorskip("gunicorn")
 
 AIOHTTP_APP = "tests.integration.aiohttp_apps.app:app"
+ASGI_APP = "tests.faults.apps.basic:app"
+FLASK = "tests.integration.wsgi_apps.flask_app:app"
+DJANGO = "tests.integration.wsgi_apps.django_app:application"
 THREADS = ["--threads", "4"]
 SLOW_STARTED = r"started|slow request started"
 
@@ -44,15 +47,16 @@ SLOW_STARTED = r"started|slow request started"
 # ------------------------------------------------------------------ heartbeats
 
 
+@pytest.mark.parametrize("app", [FLASK, DJANGO], ids=["flask", "django"])
 def test_sync_worker_gives_a_request_after_an_idle_wait_the_whole_timeout(
-    harness: Harness, record: Callable[[str], None]
+    harness: Harness, record: Callable[[str], None], app: str
 ) -> None:
     """``--timeout 4``: the sync worker waits up to 2 s for a connection between two
     heartbeats.  A 3.5 s request that arrives 1.8 s into that wait must get the whole
     of ``--timeout`` (gunicorn's own sync worker heartbeats right before it accepts), not
     be killed with WORKER TIMEOUT at 2.2 s."""
     server = harness.gunicorn(
-        "--timeout", "4", app=WSGI_APP, worker_class="SyncWorker"
+        "--timeout", "4", app=app, worker_class="SyncWorker"
     )  # fmt: skip
     first = Client.connect(server.port)
     first.request("/", "first")
@@ -115,7 +119,7 @@ def test_a_busy_sync_worker_is_not_idle(harness: Harness, record: Callable[[str]
     worker cannot accept (it did, and connections after the backlog was served were
     refused when the traffic came in bursts)."""
     server = harness.gunicorn(
-        "--graceful-timeout", "20", app=WSGI_APP, worker_class="SyncWorker",
+        "--graceful-timeout", "20", app=FLASK, worker_class="SyncWorker",
         env={"GRACEFUL_IDLE": "1"},
     )  # fmt: skip
     slow = Client.connect(server.port)
@@ -165,7 +169,7 @@ def test_thread_worker_leaves_nothing_queued_after_its_backlog_sweep(
     connection may wait on a listener it no longer serves — each is served or refused
     (safe to retry), none reset after its request was sent."""
     server = harness.gunicorn(
-        "--graceful-timeout", "10", *THREADS, app=WSGI_APP, worker_class="ThreadWorker",
+        "--graceful-timeout", "10", *THREADS, app=DJANGO, worker_class="ThreadWorker",
         env=env,
     )  # fmt: skip
     slow = Client.connect(server.port)
@@ -207,7 +211,7 @@ def test_a_short_graceful_timeout_serves_what_stock_completes(
     timeout."""
     server = harness.gunicorn(
         "--graceful-timeout", timeout, *(THREADS if worker == "ThreadWorker" else []),
-        app=WSGI_APP, worker_class=worker,
+        app=FLASK if worker == "SyncWorker" else DJANGO, worker_class=worker,
     )  # fmt: skip
     slow = Client.connect(server.port)
     slow.request(f"/slow?s={seconds}", "inflight")
@@ -259,7 +263,7 @@ def test_a_reload_is_not_a_shutdown_for_readiness(
     env = {"GRACEFUL_IDLE": "0.5"}
     server = harness.gunicorn(
         "--graceful-timeout", "10", *(THREADS if worker == "ThreadWorker" else []),
-        app=WSGI_APP if worker in ("SyncWorker", "ThreadWorker") else "tests.faults.apps.basic:app",
+        app={"SyncWorker": FLASK, "ThreadWorker": DJANGO}.get(worker, ASGI_APP),
         worker_class=worker, workers=2, env=env,
     )  # fmt: skip
     old = set(worker_pids(server))
@@ -393,7 +397,7 @@ def test_a_busy_sync_worker_serves_or_refuses_what_queued_behind_it(
     longest seen still fits before the exit, and answered 503 after. Nothing accepted
     is cut or reset."""
     server = harness.gunicorn(
-        "--graceful-timeout", "6", app=WSGI_APP, worker_class="SyncWorker",
+        "--graceful-timeout", "6", app=FLASK, worker_class="SyncWorker",
         env={"GRACEFUL_POLICY": "refuse-immediately"},
     )  # fmt: skip
     busy = Client.connect(server.port)
