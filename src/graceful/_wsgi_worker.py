@@ -11,15 +11,22 @@ of its own by ``graceful.wsgi.CoordinatorThread``:
 
 * at SIGTERM they keep accepting and serving as the policy says (accept-until-idle:
   until no new connection's first request arrived for ``GRACEFUL_IDLE`` s; probes do
-  not count), then serve what already waits in the backlog and exit;
-* ``graceful.wsgi.GracefulMiddleware`` answers ``/readyz`` (503 from SIGTERM on),
+  not count; connections waiting in the listener's accept queue while every thread is
+  busy do), then take what already waits in the backlog, close their copy of the
+  listeners at once, serve what they took (503 to what cannot finish before the
+  exit) and exit;
+* every request is timed (``measure_requests_always``): "accepting at most X s" at
+  SIGTERM already knows the traffic, and only ends sooner;
+* ``graceful.wsgi.GracefulMiddleware`` answers ``/readyz`` (503 from SIGTERM on, 200
+  while gunicorn's master still holds its listeners: a reload is not a shutdown),
   ``/livez``, preStop and metrics, counts requests in flight and puts
   ``environ["graceful.drain"]``; responses close their connection while the policy
   nudges (gunicorn's ``force_close``); ``GRACEFUL_KUBERNETES`` reads the pod's kill
   deadline and endpoint removal as for the ASGI workers;
 * they keep heartbeating while shutting down, so gunicorn's ``--timeout`` does not kill
-  them in a long request, and exit before gunicorn's ``--graceful-timeout`` whatever
-  the app does: the heartbeat thread ends the process just before the exit deadline,
+  them in a long request, and are out the kill margin before gunicorn's
+  ``--graceful-timeout`` whatever the app does: the heartbeat thread answers 503 on
+  what it cuts before a response started and ends the process at the exit deadline,
   and if the app holds the interpreter (a C extension that never releases the GIL) an
   alarm signal with its default action, armed at SIGTERM, ends it a moment later (an
   app that holds it when SIGTERM arrives delays even that: gunicorn's SIGKILL ends it);
