@@ -12,7 +12,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -447,3 +449,65 @@ def test_connections_waiting_for_a_thread_at_the_exit_are_answered_503(
     record(f"{summarize(results)}; exit {code}")
     assert [r for r in results if r.kind == "lost"] == [], (summarize(results), server.output())
     assert not server.has_line(r"was sent SIGKILL"), server.output()
+
+
+# ------------------------------------------------------------------ the drain budget
+
+
+def _fast_traffic(port: int, until: float, seen: list[str]) -> None:
+    """Fresh-connection requests every 50 ms until ``until`` (bounded: 400 at most),
+    each outcome appended to ``seen``: ``200``, ``refused`` or what was lost."""
+    for i in range(400):
+        if time.monotonic() >= until:
+            return
+        client = Client.connect(port, timeout_s=5)
+        if client.end is None and client.sock is not None:
+            client.request("/", f"f{i}")
+            collect([client], 10)  # no half-close: uvicorn takes it for a disconnect
+            seen.append(str(client.responses[0].status) if client.responses else str(client.end))
+            client.close()
+        else:
+            seen.append(str(client.end))
+        time.sleep(0.05)  # the traffic's pace
+
+
+@pytest.mark.parametrize("worker", ["ThreadWorker", "UvicornWorker"])
+def test_accepting_ends_while_what_is_accepted_can_still_finish(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """Fast traffic through SIGTERM and a 3 s request at +1, +3, +5 and +7 s,
+    ``--graceful-timeout 10``: a 3 s request is either answered or refused (safe to
+    retry), never accepted too late and cut as the worker leaves — "accepting at most
+    X s" holds, and a request in flight shortens it."""
+    threads = THREADS if worker == "ThreadWorker" else []
+    app = DJANGO if worker == "ThreadWorker" else ASGI_APP
+    server = harness.gunicorn(
+        "--graceful-timeout", "10", *threads, app=app, worker_class=worker,
+        env={"GRACEFUL_POLICY": "serve-until-killed"}, wait=False,
+    )  # fmt: skip
+    server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20)[1])
+    server.wait_for_line(r"policy .*; kill deadline", timeout_s=20)
+    fast: list[str] = []
+    began = time.monotonic()
+    traffic = threading.Thread(
+        target=_fast_traffic, args=(server.port, began + 9.0, fast), daemon=True
+    )
+    traffic.start()
+    time.sleep(1.0)  # the scenario: traffic measured before the SIGTERM
+    signalled = time.monotonic()
+    server.signal(signal.SIGTERM)
+    slow: list[Client] = []
+    for at in (1, 3, 5, 7):
+        time.sleep(max(0.0, signalled + at - time.monotonic()))  # the scenario's times
+        client = Client.connect(server.port)
+        if client.end is None:
+            client.request("/slow?s=3", f"s{at}")
+        slow.append(client)
+    collect(slow, 15, until=answered_and_closed)
+    traffic.join(15)
+    results = outcomes(slow)
+    code = server.wait_exit(20)
+    record(f"3 s requests: {summarize(results)}; fast: {dict(Counter(fast))}; exit {code}")
+    assert all(r.kind == "refused" or r.status == 200 for r in results), summarize(results)
+    assert set(fast) <= {"200", "refused"}, Counter(fast)
+    assert code == 0
