@@ -16,7 +16,8 @@ from types import ModuleType
 
 import pytest
 
-from graceful import _config, _run
+from graceful import _options as _config
+from graceful._cli import run as _run
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -122,7 +123,7 @@ def test_code_blocks_are_included_or_checked() -> None:
 
 
 def test_event_lines_are_events() -> None:
-    from graceful._events import parse_event
+    from graceful._core.events import parse_event
 
     checked = 0
     for page, language, body in _blocks():

@@ -1,10 +1,10 @@
-"""Render ``docs/configuration.md`` from the option declarations in ``graceful._config``.
+"""Render ``docs/configuration.md`` from the option declarations in ``graceful._options``.
 
     python tools/gen_configuration.py          # rewrite the page
     python tools/gen_configuration.py --check  # exit 1 if the page is out of date
 
 The page is never edited by hand: every option is declared once in
-``src/graceful/_config.py`` (``OPTIONS``) and everything here is read from those
+``src/graceful/_options.py`` (``OPTIONS``) and everything here is read from those
 declarations — the flag, the variable, the default as ``--help`` shows it, the values the
 option's parser accepts (taken from the parser's own refusal of a value no parser
 accepts, so a new parser documents itself), the help line, where the value goes and
@@ -253,7 +253,7 @@ def render() -> str:
     """The page, from the declarations in the installed or checked-out ``graceful``."""
     sys.path.insert(0, str(ROOT / "src"))
     try:
-        from graceful import _config as config
+        from graceful import _options as config
     finally:
         sys.path.pop(0)
     options = list(config.OPTIONS)
@@ -263,7 +263,7 @@ def render() -> str:
         "  - toc",  # the tables need the width
         "---",
         "",
-        f"<!-- Generated from src/graceful/_config.py by {COMMAND}: do not edit. -->",
+        f"<!-- Generated from src/graceful/_options.py by {COMMAND}: do not edit. -->",
         "",
         "# Configuration",
         "",

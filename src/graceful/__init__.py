@@ -7,18 +7,18 @@ their server when they are imported.
 
 from __future__ import annotations
 
-from ._coordinator import GRACE_PERIOD_ENV as GRACE_PERIOD_ENV
-from ._coordinator import Session as Session
-from ._coordinator import ShutdownCoordinator as ShutdownCoordinator
-from ._coordinator import ShutdownStatistics as ShutdownStatistics
-from ._policy import AcceptUntilIdle as AcceptUntilIdle
-from ._policy import Decision as Decision
-from ._policy import Phase as Phase
-from ._policy import Policy as Policy
-from ._policy import PolicyInput as PolicyInput
-from ._policy import RefuseImmediately as RefuseImmediately
-from ._policy import ServeUntilKilled as ServeUntilKilled
-from ._policy import policy_from_name as policy_from_name
+from ._core.coordinator import GRACE_PERIOD_ENV as GRACE_PERIOD_ENV
+from ._core.coordinator import Session as Session
+from ._core.coordinator import ShutdownCoordinator as ShutdownCoordinator
+from ._core.coordinator import ShutdownStatistics as ShutdownStatistics
+from ._core.policy import AcceptUntilIdle as AcceptUntilIdle
+from ._core.policy import Decision as Decision
+from ._core.policy import Phase as Phase
+from ._core.policy import Policy as Policy
+from ._core.policy import PolicyInput as PolicyInput
+from ._core.policy import RefuseImmediately as RefuseImmediately
+from ._core.policy import ServeUntilKilled as ServeUntilKilled
+from ._core.policy import policy_from_name as policy_from_name
 
 __all__ = (
     "GRACE_PERIOD_ENV",

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ._cli.version import version_text
+
 if TYPE_CHECKING:
     import click
 
@@ -21,34 +23,16 @@ shell completion (click's): eval "$(_GRACEFUL_COMPLETE=bash_source graceful)"
 
 #: The variable of click's shell completion for the ``graceful`` script.
 COMPLETE_VAR = "_GRACEFUL_COMPLETE"
+
+
 #: The packages ``--version`` reports beside graceful, when installed.
-SERVER_DISTRIBUTIONS = ("uvicorn", "hypercorn", "aiohttp", "gunicorn")
-
-
-def version_text() -> str:
-    """``graceful --version``, in uvicorn's style: ours, the servers', Python's."""
-    import platform
-    from importlib import metadata
-
-    from . import __version__
-
-    parts = []
-    for name in SERVER_DISTRIBUTIONS:
-        try:
-            parts.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            continue
-    parts.append(f"{platform.python_implementation()} {platform.python_version()}")
-    return f"Running graceful-drain {__version__} with {', '.join(parts)} on {platform.system()}"
-
-
 def _completion() -> int:
     """Answer the shell's completion request (click's protocol, ``_GRACEFUL_COMPLETE``):
     the subcommands, then ``graceful run``'s options (ours and uvicorn's) and choices,
     ``graceful demo``'s options."""
     import click
 
-    from ._run_command import build_command
+    from ._cli.command import build_command
 
     @click.group(name="graceful")
     @click.version_option(message=version_text())
@@ -95,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command == "run":
         try:
-            from ._run import main as run_main
+            from ._cli.run import main as run_main
         except ImportError as exc:  # a base install: no server, so no click either
             print(
                 f"graceful run: error: no server is installed ({exc}): pip install "

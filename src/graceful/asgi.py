@@ -54,11 +54,11 @@ from typing import Any, Final
 import anyio
 from typing_extensions import final
 
-from . import _health
-from ._coordinator import ShutdownCoordinator, _check_coordinator
-from ._drain_signal import DrainSignal
-from ._policy import Phase, _check_readiness_on_shutdown, _check_seconds
-from ._tracking import is_probe
+from ._core import health as _health
+from ._core.coordinator import ShutdownCoordinator, _check_coordinator
+from ._core.drain_signal import DrainSignal
+from ._core.policy import Phase, _check_readiness_on_shutdown, _check_seconds
+from ._core.tracking import is_probe
 
 __all__ = ("DrainSignal", "GracefulMiddleware", "drain_signal")
 
@@ -222,7 +222,7 @@ class GracefulMiddleware:
         self.drain_signal: Final = self._signal
         self._request_started = coordinator.request_started
         self._request_finished = coordinator.request_finished
-        # Probes are not traffic (graceful._tracking): while accepting, each
+        # Probes are not traffic (graceful._core.tracking): while accepting, each
         # connection's first request says whether it counts as activity.
         coordinator.classify_connections()
         self._classifying = False

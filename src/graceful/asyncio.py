@@ -46,10 +46,10 @@ from typing import Any, TypeVar
 
 from typing_extensions import Self, final
 
-from ._coordinator import ShutdownCoordinator, _check_coordinator
-from ._engine import _check_callable
-from ._listeners import Handovers, close_keeping_backlog, count_accepts
-from ._policy import Phase
+from ._core.coordinator import ShutdownCoordinator, _check_coordinator
+from ._core.engine import _check_callable
+from ._core.listeners import Handovers, close_keeping_backlog, count_accepts
+from ._core.policy import Phase
 
 __all__ = ("GracefulServer", "Messages", "create_server", "start_server")
 
@@ -185,7 +185,7 @@ class GracefulServer:
 
     def _wrapped_factory(self) -> _Tracking:
         # The connection counts from here on uvloop, from the accept() on asyncio
-        # (see graceful._listeners); it is reported closed by connection_lost.
+        # (see graceful._core.listeners); it is reported closed by connection_lost.
         self._handovers.protocol_created()
         inner = self._factory()
         if isinstance(inner, asyncio.BufferedProtocol):

@@ -72,9 +72,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from typing_extensions import final
 
-from ._coordinator import _check_coordinator
-from ._engine import _check_callable
-from ._policy import (
+from ._core.coordinator import _check_coordinator
+from ._core.engine import _check_callable
+from ._core.policy import (
     AcceptUntilIdle,
     Phase,
     _check_bool,
@@ -83,7 +83,7 @@ from ._policy import (
 )
 
 if TYPE_CHECKING:
-    from ._coordinator import ShutdownCoordinator
+    from ._core.coordinator import ShutdownCoordinator
 
 __all__ = (
     "POD_NAMESPACE_ENV",
@@ -436,7 +436,7 @@ class Kubernetes:
         """Runs in the coordinator's task group: starts the thread, stops it on exit."""
         import anyio
 
-        from ._signals import current_schedule
+        from ._core.signals import current_schedule
 
         self._schedule = current_schedule()
         thread = threading.Thread(target=self._thread_main, name="graceful-kubernetes", daemon=True)

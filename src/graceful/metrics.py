@@ -64,8 +64,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "graceful.metrics needs prometheus-client: pip install 'graceful-drain[metrics]'"
     ) from exc
 
-from ._coordinator import ShutdownCoordinator, ShutdownStatistics, _check_coordinator
-from ._policy import Phase, _check_seconds
+from ._core.coordinator import ShutdownCoordinator, ShutdownStatistics, _check_coordinator
+from ._core.policy import Phase, _check_seconds
 
 __all__ = (
     "DRAIN_DURATION_BUCKETS_S",

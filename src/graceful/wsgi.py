@@ -45,11 +45,11 @@ from typing import Any, Final
 
 import anyio
 
-from . import _health
-from ._coordinator import ShutdownCoordinator
-from ._policy import Phase, _check_readiness_on_shutdown
-from ._signals import current_schedule, leave_signals_to_main_thread
-from ._tracking import is_probe
+from ._core import health as _health
+from ._core.coordinator import ShutdownCoordinator
+from ._core.policy import Phase, _check_readiness_on_shutdown
+from ._core.signals import current_schedule, leave_signals_to_main_thread
+from ._core.tracking import is_probe
 
 __all__ = (
     "ENVIRON_KEY",

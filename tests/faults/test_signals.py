@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from graceful._coordinator import DUPLICATE_WINDOW_S
+from graceful._core.coordinator import DUPLICATE_WINDOW_S
 from integration.servers import RawHTTP, ServerProcess
 
 from ._harness import ACCEPTING, STOPPED, Client, Harness, tracebacks

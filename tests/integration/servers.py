@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from graceful._coordinator import DUPLICATE_WINDOW_S
+from graceful._core.coordinator import DUPLICATE_WINDOW_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,7 +133,7 @@ class ServerProcess:
     def signal(self, sig: int = signal.SIGTERM, *, at_once: bool = False) -> None:
         """Send ``sig``.  A repeat of the same signal is sent only once graceful's
         duplicate window has passed since the previous one (a repeat within it is one
-        event, not an escalation: see ``graceful._coordinator.DUPLICATE_WINDOW_S``), so
+        event, not an escalation: see ``graceful._core.coordinator.DUPLICATE_WINDOW_S``), so
         that a test's deliberate second signal is one; ``at_once`` sends it now."""
         last = self._sent.get(sig)
         if last is not None and not at_once:

@@ -341,7 +341,7 @@ def test_metrics_route_follows_the_drain(servers: list[ServerProcess]) -> None:
 
 def test_hot_path_requests_are_counted_then_adopted(servers: list[ServerProcess]) -> None:
     """graceful's runner serves requests past its middleware while nothing shuts down
-    (``graceful._aiohttp_hot``): each is still counted, the health and metrics routes
+    (``graceful.aiohttp._hot``): each is still counted, the health and metrics routes
     are not, a request running at SIGTERM is adopted (in flight until it ends, and
     the drain waits for it), the app still finds its drain signal; after SIGTERM the
     middleware serves and counts."""

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from graceful._config import OPTIONS, Option
-from graceful._policy import POLICIES
+from graceful._core.policy import POLICIES
+from graceful._options import OPTIONS, Option
 
 from .servers import ACCEPTING, ROOT, RawHTTP, ServerProcess, sigstop
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from graceful import Phase
-from graceful._events import parse_event
+from graceful._core.events import parse_event
 
 from .servers import ROOT
 

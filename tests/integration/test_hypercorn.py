@@ -432,7 +432,7 @@ def test_a_wsgi_app_is_tracked_and_drained(servers: list[ServerProcess], worker:
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
 def test_hot_path_request_in_flight_is_counted_then_adopted(loop: str) -> None:
     """graceful's hypercorn server hands HTTP requests to the app past the middleware
-    while nothing shuts down (``graceful._hypercorn_hot``): a request running there is
+    while nothing shuts down (``graceful.hypercorn._hot``): a request running there is
     in flight for the metrics (found in hypercorn's streams), is adopted at SIGTERM —
     the drain waits for it, and its client gets its answer with ``Connection: close``
     from hypercorn — the app still finds its drain signal, health and metrics routes

@@ -1,4 +1,4 @@
-"""The seal of a draining listener (``graceful._listeners``) never reaches another process.
+"""The seal of a draining listener (``graceful._core.listeners``) never reaches another process.
 
 Real servers, real sockets on 127.0.0.1.  On loopback a SYN the kernel answers completes
 the handshake inside the client's non-blocking ``connect()``: a client socket still in

@@ -1,4 +1,4 @@
-"""Sealing a listening socket before its last accept (``graceful._listeners``).
+"""Sealing a listening socket before its last accept (``graceful._core.listeners``).
 
 Real sockets on 127.0.0.1: on loopback a handshake the kernel answers completes inside
 the client's ``connect()``, so a client socket's TCP state right after a non-blocking
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from graceful._listeners import handshakes_under_way, seal
+from graceful._core.listeners import handshakes_under_way, seal
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's sealing")
 
@@ -158,7 +158,7 @@ def test_a_socket_created_before_graceful_was_imported_is_not_sealed() -> None:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
-        from graceful._listeners import seal
+        from graceful._core.listeners import seal
         print(seal([sock]))
         """
     ) == ["False"]
@@ -169,7 +169,7 @@ def test_after_a_fork_neither_process_seals_what_it_created_before() -> None:
     assert run_python(
         """
         import os, socket
-        from graceful._listeners import seal
+        from graceful._core.listeners import seal
         def listener():
             sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
@@ -192,7 +192,7 @@ def test_sealing_and_waiting_for_handshakes_read_nothing_under_proc() -> None:
     assert run_python(
         """
         import socket, sys
-        from graceful._listeners import handshakes_under_way, seal
+        from graceful._core.listeners import handshakes_under_way, seal
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)

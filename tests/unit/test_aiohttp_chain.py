@@ -1,5 +1,5 @@
 """Where graceful's aiohttp middleware sits: out of the application's chain under
-graceful's ``AppRunner`` (its hot path, ``graceful._aiohttp_hot``), in it otherwise.
+graceful's ``AppRunner`` (its hot path, ``graceful.aiohttp._hot``), in it otherwise.
 
 What the hot path does to requests is tested against a real server in
 ``tests/integration/test_aiohttp.py`` and ``test_server_matrix.py``; these cases only
@@ -18,7 +18,7 @@ from aiohttp import web
 
 import graceful
 import graceful.aiohttp
-from graceful._aiohttp_middleware import Middleware
+from graceful.aiohttp._middleware import Middleware
 
 
 async def mine(request: web.Request, handler: Any) -> web.StreamResponse:

@@ -4,7 +4,7 @@ AttributeError from deep inside, and never by accepting it and failing later.
 
 The servers' run functions take graceful's command-line options by their Python names
 (``grace_period_s`` for ``--grace-period``), checked by the same code as the command line
-(``graceful._config``); what they build is checked here without serving (the server's
+(``graceful._options``); what they build is checked here without serving (the server's
 ``run`` is replaced)."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import graceful
-from graceful import AcceptUntilIdle, Phase, ServeUntilKilled, ShutdownCoordinator, _logging
+from graceful import AcceptUntilIdle, Phase, ServeUntilKilled, ShutdownCoordinator
+from graceful._core import logging as _logging
 
 
 async def asgi_app(scope: Any, receive: Any, send: Any) -> None:  # pragma: no cover
@@ -266,7 +267,7 @@ def test_every_python_name_is_a_keyword_of_its_target() -> None:
     means one thing throughout the Python API."""
     import inspect
 
-    from graceful._config import python_options
+    from graceful._options import python_options
     from graceful.asgi import GracefulMiddleware
 
     targets = {

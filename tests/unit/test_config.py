@@ -1,4 +1,4 @@
-"""graceful._config: every option declared once, parsed and checked the same way from the
+"""graceful._options: every option declared once, parsed and checked the same way from the
 command line and from ``GRACEFUL_*``, with one-line errors that name the option."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import graceful
-from graceful import _config, _run
-from graceful._config import OPTIONS, ConfigError, Option
-from graceful._policy import POLICIES
+from graceful import _options as _config
+from graceful._cli import run as _run
+from graceful._core.policy import POLICIES
+from graceful._options import OPTIONS, ConfigError, Option
 
 #: Bad text for each kind of value (an option's metavar); "" is bad for every option.
 BAD = {
@@ -254,7 +255,7 @@ def gunicorn_values(
     graceful_timeout: float, environ: dict[str, str]
 ) -> tuple[_config.Values, list[str]]:
     pytest.importorskip("gunicorn")
-    from graceful._config import gunicorn_values as _values
+    from graceful._options import gunicorn_values as _values
 
     warnings: list[str] = []
     return _values(graceful_timeout, environ, warnings.append), warnings

@@ -21,8 +21,8 @@ from graceful import (
     RefuseImmediately,
     ServeUntilKilled,
     ShutdownCoordinator,
-    _coordinator,
 )
+from graceful._core import coordinator as _coordinator
 
 pytestmark = pytest.mark.anyio
 

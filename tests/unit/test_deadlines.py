@@ -1,4 +1,4 @@
-"""Deadlines: the pure arithmetic of graceful._deadlines on numbers, then the coordinator
+"""Deadlines: the pure arithmetic of graceful._core.deadlines on numbers, then the coordinator
 obeying it on the virtual clock (trio's MockClock; the asyncio runs check the order only).
 """
 
@@ -10,8 +10,9 @@ import time
 import anyio
 import pytest
 
-from graceful import Phase, RefuseImmediately, ServeUntilKilled, ShutdownCoordinator, _coordinator
-from graceful._deadlines import (
+from graceful import Phase, RefuseImmediately, ServeUntilKilled, ShutdownCoordinator
+from graceful._core import coordinator as _coordinator
+from graceful._core.deadlines import (
     DEFAULT_GRACE_PERIOD_S,
     Deadlines,
     accept_by,

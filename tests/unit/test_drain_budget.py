@@ -9,7 +9,7 @@ import anyio.abc
 import pytest
 
 from graceful import AcceptUntilIdle, Phase, ServeUntilKilled, ShutdownCoordinator
-from graceful._deadlines import MIN_DRAIN_BUDGET_S, drain_budget
+from graceful._core.deadlines import MIN_DRAIN_BUDGET_S, drain_budget
 
 pytestmark = pytest.mark.anyio
 

@@ -1,4 +1,4 @@
-"""Phase events (graceful._events): one JSON line per phase change, read back exactly.
+"""Phase events (graceful._core.events): one JSON line per phase change, read back exactly.
 
 The writer runs on a real coordinator on asyncio and trio (virtual clock); the stream is
 an in-memory one, so there are no sockets and no processes here — the demo's backends
@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from graceful import Phase, RefuseImmediately, ShutdownCoordinator
-from graceful._events import PhaseEvent, json_event_writer, parse_event
+from graceful._core.events import PhaseEvent, json_event_writer, parse_event
 
 pytestmark = pytest.mark.anyio
 

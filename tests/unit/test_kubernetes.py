@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from graceful import AcceptUntilIdle, RefuseImmediately, _config
-from graceful._config import ConfigError
+from graceful import AcceptUntilIdle, RefuseImmediately
+from graceful import _options as _config
+from graceful._options import ConfigError
 from graceful.kubernetes import (
     EndpointState,
     _timestamp,
@@ -167,7 +168,7 @@ def test_wait_for_endpoints_without_kubernetes_is_an_error() -> None:
 
 
 def test_the_command_line_switches() -> None:
-    from graceful import _run
+    from graceful._cli import run as _run
 
     inv = _run.parse(["app:app", "--kubernetes", "--no-wait-for-endpoints"], environ={})
     assert inv.values["kubernetes"] is True

@@ -1,4 +1,4 @@
-"""The phase table (graceful._phases) on plain values: no clock, no loop, no coordinator.
+"""The phase table (graceful._core.phases) on plain values: no clock, no loop, no coordinator.
 
 Small tables first (each rule of the escalation ladder), then every sequence of up to
 four events, checked against what the module docs promise: phases only move forward,
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from graceful import Phase
-from graceful._phases import PhaseTable, RequestOutcome, Transition
+from graceful._core.phases import PhaseTable, RequestOutcome, Transition
 
 
 def request(

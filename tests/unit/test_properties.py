@@ -37,8 +37,8 @@ from graceful import (
     Session,
     ShutdownCoordinator,
 )
-from graceful._deadlines import plan
-from graceful._phases import PhaseTable
+from graceful._core.deadlines import plan
+from graceful._core.phases import PhaseTable
 
 trio = pytest.importorskip("trio")
 trio_testing = pytest.importorskip("trio.testing")

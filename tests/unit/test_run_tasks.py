@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from graceful._run_tasks import _Tasks
+from graceful._cli.tasks import _Tasks
 
 pytestmark = pytest.mark.skipif(
     threading.current_thread() is not threading.main_thread()

@@ -1,4 +1,4 @@
-"""The one signal helper (graceful._signals) and ShutdownCoordinator.run() without a
+"""The one signal helper (graceful._core.signals) and ShutdownCoordinator.run() without a
 trigger, in the main thread, with real signals.
 
 SIGUSR1/SIGUSR2 stand in for the shutdown signals wherever the code under test lets us
@@ -24,7 +24,7 @@ import anyio.lowlevel
 import pytest
 
 from graceful import Phase, RefuseImmediately, ServeUntilKilled, ShutdownCoordinator
-from graceful._signals import (
+from graceful._core.signals import (
     QUICK_SIGNALS,
     SHUTDOWN_SIGNALS,
     catch_signals,
@@ -409,7 +409,7 @@ async def test_host_loop_signal_handlers_survive_a_coordinator() -> None:
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_host_loop_sigterm_callback_also_hears_the_signal_the_coordinator_catches() -> None:
-    """Documented in graceful._signals: asyncio dispatches the signal numbers written to
+    """Documented in graceful._core.signals: asyncio dispatches the signal numbers written to
     its wakeup fd itself, so a host's ``add_signal_handler`` callback runs too while the
     coordinator catches the signal.  Both hear it; neither loses it."""
     loop = asyncio.get_running_loop()

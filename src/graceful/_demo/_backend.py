@@ -4,13 +4,13 @@ Why a launcher of its own
 -------------------------
 The demo draws when the terminating backend moved from phase to phase, so it must learn
 those moments from another process.  Reading them out of the log would tie the demo to
-the wording of a line written for people; ``graceful._events`` gives a contract
+the wording of a line written for people; ``graceful._core.events`` gives a contract
 instead, and this launcher is how a backend gets it without ``graceful run`` growing an
 option for the demo's sake.  It does for one process what ``graceful run`` does — a
 coordinator that owns the process (a third shutdown request exits, a hard exit just
 before SIGKILL), the server around the demo app, SIGTERM and SIGINT ignored until the
 server installs its own handlers — with public constructors only, and subscribes
-``graceful._events.json_event_writer`` to the pipe whose write end the demo passed
+``graceful._core.events.json_event_writer`` to the pipe whose write end the demo passed
 down (``--events-fd``).  The server is one of the adapters, through its public entry
 point: ``graceful.uvicorn.Server``, ``graceful.hypercorn.run`` (asyncio) or
 ``graceful.aiohttp.run_app`` (which serves ``graceful._demo.aiohttp_app``, the
@@ -82,7 +82,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.stock:
         return _serve_stock(args)
     from .. import ShutdownCoordinator, policy_from_name
-    from .._events import json_event_writer
+    from .._core.events import json_event_writer
 
     coordinator = ShutdownCoordinator(
         policy=policy_from_name(args.policy, idle_s=args.idle),

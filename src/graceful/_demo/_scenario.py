@@ -18,7 +18,7 @@ aiohttp and their graceful adapters, serving the same endpoints, when asked for
 How the scenario learns what A did
 ----------------------------------
 Graceful backends report each phase change as a JSON event on a pipe
-(``graceful._events``, via ``graceful._demo._backend``), stamped with the wall
+(``graceful._core.events``, via ``graceful._demo._backend``), stamped with the wall
 clock where the change happened; one wall-clock reading taken with the scenario's start
 puts the events on the scenario's own timeline.  Stock servers report nothing: the
 scenario marks the SIGTERM it sent and learns the end from the exit status, as it does
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import NamedTuple, Protocol
 
-from .._events import parse_event
+from .._core.events import parse_event
 from ._balancer import Balancer
 from ._clients import HttpClient, Tally, http_client_loop, websocket_client_loop
 from .app import IMPORT_STRING

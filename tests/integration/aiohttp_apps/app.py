@@ -5,7 +5,7 @@
         [--stock-beside]   # and a stock AppRunner serving the app on another port
     python -m tests.integration.aiohttp_apps.app chain ...    # setup() + aiohttp's AppRunner
     python -m tests.integration.aiohttp_apps.app stock ...    # aiohttp.web.run_app
-    gunicorn tests.integration.aiohttp_apps.app:app -k graceful._aiohttp_worker.AiohttpWorker
+    gunicorn tests.integration.aiohttp_apps.app:app -k graceful.aiohttp._worker.AiohttpWorker
 
 Routes:
     ``/``                 ``hello`` (``x-backend`` from ``GRACEFUL_DEMO_NAME``)

@@ -1,0 +1,1 @@
+"""``graceful run``: the command line, the servers it runs, its ``--workers`` parent."""

@@ -1,0 +1,646 @@
+"""``graceful.gunicorn.SyncWorker`` and ``ThreadWorker``: gunicorn's ``sync`` and
+``gthread`` workers with a shutdown policy.
+
+gunicorn's workers stop accepting at SIGTERM: connections that kube-proxy or an
+ingress still sends for a second or more are refused once every worker is gone, and
+those queued in the listener's backlog are reset; ``gthread`` answers a kept-alive
+connection once more for at most 2 s and closes the rest.  These workers, configured
+with the ``GRACEFUL_*`` variables of the other graceful workers (checked in the master),
+follow a ``ShutdownCoordinator`` — the same one as every other adapter, run in a thread
+of its own by ``graceful.wsgi.CoordinatorThread``:
+
+* at SIGTERM they keep accepting and serving as the policy says (accept-until-idle:
+  until no new connection's first request arrived for ``GRACEFUL_IDLE`` s; probes do
+  not count; connections waiting in the listener's accept queue while every thread is
+  busy do), then take what already waits in the backlog, close their copy of the
+  listeners at once, serve what they took (503 to what cannot finish before the
+  exit) and exit;
+* every request is timed (``measure_requests_always``): "accepting at most X s" at
+  SIGTERM already knows the traffic, and only ends sooner;
+* ``graceful.wsgi.GracefulMiddleware`` answers ``/readyz`` (503 from SIGTERM on, 200
+  while gunicorn's master still holds its listeners: a reload is not a shutdown),
+  ``/livez``, preStop and metrics, counts requests in flight and puts
+  ``environ["graceful.drain"]``; responses close their connection while the policy
+  nudges (gunicorn's ``force_close``); ``GRACEFUL_KUBERNETES`` reads the pod's kill
+  deadline and endpoint removal as for the ASGI workers;
+* they keep heartbeating while shutting down, so gunicorn's ``--timeout`` does not kill
+  them in a long request, and are out the kill margin before gunicorn's
+  ``--graceful-timeout`` whatever the app does: the heartbeat thread answers 503 on
+  what it cuts before a response started and ends the process at the exit deadline,
+  and if the app holds the interpreter (a C extension that never releases the GIL) an
+  alarm signal with its default action, armed at SIGTERM, ends it a moment later (an
+  app that holds it when SIGTERM arrives delays even that: gunicorn's SIGKILL ends it);
+* a repeated SIGTERM is the master's relay of a process-group signal, however late it
+  comes, never an escalation; SIGINT and SIGQUIT (gunicorn's quick shutdown) stop at
+  once.
+
+The drain waits for the worker's own loop: from the start of draining the worker holds
+one request open in the coordinator (``request_started``; the log's counts include it)
+until it has served its backlog and gunicorn's loop has returned, so the coordinator
+never declares the drain done while accepted connections are still on their way.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import errno
+import logging
+import math
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from typing import Any
+
+from gunicorn.arbiter import Arbiter
+from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
+from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
+
+from .. import _options as _config
+from .._core import deadlines as _deadlines
+from .._core import logging as _logging
+from .._core.coordinator import ShutdownCoordinator
+from .._core.policy import Phase
+from .._core.signals import leave_signals_to_main_thread
+from .._options import ConfigError
+from ..wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
+from ._master import master_listens
+
+logger = logging.getLogger("graceful")
+
+_AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
+#: What a request the exit cuts before its response started is answered (not a bare
+#: EOF: a 503 tells the client the request was not served, and it may retry).
+_CUT_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain"
+    b"\r\nContent-Length: 34\r\nRetry-After: 0\r\n\r\nshutting down: request not served\n"
+)
+#: While accepting, the listeners' accept queues are looked at this often (see
+#: ``_backlog_waiting``).
+QUEUE_CHECK_S = 0.1
+#: ``struct tcp_info``'s ``tcpi_unacked``: on a listening socket, the connections in its
+#: accept queue (Linux, ``include/uapi/linux/tcp.h``; 8 single bytes, then 32-bit fields).
+_TCPI_UNACKED = struct.Struct("=24xI")
+
+
+def _accept_queue(sock: Any) -> int:
+    """How many connections wait in ``sock``'s accept queue (0 where unknown)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+        return 0
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCPI_UNACKED.size)
+    except OSError:
+        return 0
+    if len(info) < _TCPI_UNACKED.size:
+        return 0
+    queued: int = _TCPI_UNACKED.unpack_from(info)[0]
+    return queued
+
+
+class _GracefulWSGIWorker:
+    """What the graceful WSGI workers share: the options checked in the master, the
+    coordinator and its thread, the middleware around the app, SIGTERM, the heartbeat
+    and the alarm.  A worker class puts it before gunicorn's and says how accepting
+    stops (``_stop_accepting``, called in the coordinator's thread)."""
+
+    cfg: Any
+    log: Any
+    sockets: list[Any]
+    ppid: int
+    wsgi: Any
+    timeout: float
+    notify: Any
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        """Check the ``GRACEFUL_*`` variables in the master, before any worker boots."""
+        try:
+            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
+        except ConfigError as exc:
+            raise RuntimeError(f"graceful: {exc}") from None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _logging.to_gunicorn(self.log.error_log)
+        self.graceful: CoordinatorThread | None = None
+        self._signalled = False  # a SIGTERM came while the app was imported
+        self._signalled_at: float | None = None  # the first SIGTERM (the alarm's base)
+        self._alarm_armed = False
+        self._beating = False  # the heartbeat thread runs
+        self._holding = False  # the drain waits for this worker's loop (module docs)
+        self._held_since: float | None = None  # what request_started returned for it
+        self._in_flight: dict[int, tuple[Any, Any]] = {}  # requests the exit answers (_cut)
+
+    @property
+    def coordinator(self) -> ShutdownCoordinator:
+        assert self.graceful is not None
+        return self.graceful.coordinator
+
+    # ----------------------------------------------------------------- set-up
+
+    def load_wsgi(self) -> None:
+        try:
+            values = _config.gunicorn_values(self.cfg.graceful_timeout)
+        except ConfigError as exc:  # checked in the master: only if the environment changed
+            self.log.error("graceful: %s", exc)
+            sys.exit(Arbiter.WORKER_BOOT_ERROR)
+        coordinator = _config.build_coordinator(values, hard_exit=True)
+        coordinator.classify_connections()  # the middleware reports first requests
+        coordinator.measure_requests_always()  # the drain budget knows them at SIGTERM
+        coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))
+        coordinator.subscribe(self._on_phase)
+        self.graceful = CoordinatorThread(coordinator)
+        super().load_wsgi()  # type: ignore[misc]
+        middleware = _config.middleware_kwargs(values)
+        self.middleware = GracefulMiddleware(
+            self.wsgi,
+            self.graceful,
+            readiness_path=middleware["readiness_path"],
+            liveness_path=middleware["liveness_path"],
+            prestop_path=middleware["prestop_path"],
+            metrics_path=middleware["metrics_path"],
+            readiness_on_shutdown=middleware["readiness_on_shutdown"],
+            prestop_waits=self._prestop_waits(),
+        )
+        self.wsgi = self._closing(self.middleware)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # see _arm_alarm
+        self.graceful.start()
+
+    def _closing(self, app: Any) -> Any:
+        """``app``, whose responses close their connection while the policy nudges
+        clients, and whose requests in flight the exit can answer (``_cut``).
+        gunicorn drops a ``Connection`` header the app sets (hop-by-hop) and decides
+        itself: its response's ``force_close()`` is the way to ask."""
+        coordinator = self.coordinator
+        in_flight = self._in_flight
+
+        def closing(environ: dict[str, Any], start_response: Any) -> Any:
+            response = getattr(start_response, "__self__", None)
+            if coordinator.nudging:
+                force_close = getattr(response, "force_close", None)
+                if force_close is not None:
+                    force_close()
+            sock = environ.get("gunicorn.socket")
+            if sock is None or response is None:
+                return app(environ, start_response)
+            key = id(environ)
+            in_flight[key] = (sock, response)
+            try:
+                result = app(environ, start_response)
+            except BaseException:
+                in_flight.pop(key, None)
+                raise
+
+            def done() -> None:
+                in_flight.pop(key, None)
+
+            return _Tracked(result, done)
+
+        return closing
+
+    def _cut(self) -> int:
+        """At the exit: answer 503 on each request in flight whose response has not
+        started (gunicorn's ``headers_sent``), and on each connection still waiting for
+        a thread, so that its client gets an answer it may retry instead of a bare EOF
+        or a reset; return how many."""
+        cut = self._cut_waiting()
+        for sock, response in list(self._in_flight.values()):
+            if getattr(response, "headers_sent", True):
+                continue  # a response under way: nothing clean to say
+            with contextlib.suppress(OSError):
+                sock.setblocking(True)
+                sock.settimeout(0.05)
+                sock.sendall(_CUT_RESPONSE)
+                cut += 1
+        return cut
+
+    def _prestop_waits(self) -> bool:
+        """Whether a preStop request may wait for draining (not with one thread)."""
+        return False
+
+    # ---------------------------------------------------------------- signals
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM: start the policy.  A repeated SIGTERM is not an escalation here:
+        under gunicorn it is the master relaying a process group's signal, which comes
+        late when the machine is loaded (CI saw more than a second); gunicorn's quick
+        shutdown is SIGINT or SIGQUIT, which stop a worker at once."""
+        now = time.monotonic()
+        first = self._signalled_at is None
+        if self._signalled_at is None:
+            self._signalled_at = now  # the master's SIGKILL counts from here
+        if self.graceful is None or not self.graceful.running:  # importing the app:
+            self._signalled = True  # run() starts the shutdown
+            return
+        if first:
+            self.graceful.request_shutdown("SIGTERM")
+        else:
+            logger.info(
+                "SIGTERM again %.0f ms after the first: the master's relay, not an "
+                "escalation (SIGINT or SIGQUIT stop at once)",
+                (now - self._signalled_at) * 1000,
+            )
+        self._arm_alarm()
+
+    def _start_if_signalled(self) -> None:
+        """At the start of ``run``: a SIGTERM that came while the app was imported."""
+        if self._signalled:
+            assert self.graceful is not None
+            self.graceful.request_shutdown("SIGTERM (while the app was imported)")
+            self._arm_alarm()
+
+    def _exit_at(self) -> float:
+        """When the heartbeat ends a worker still running (``time.monotonic()``): at the
+        end of stopping (``exit_by``), counted from our own SIGTERM as the alarm is, so
+        that the two never swap whatever the coordinator's thread lags; earlier if the
+        coordinator's exit deadline is (the pod's deletionTimestamp).  The master counts
+        ``--graceful-timeout`` from its own SIGTERM, a little earlier: the kill margin
+        (``kill - kill_margin_s`` is the promise) absorbs that."""
+        margin = self.coordinator.kill_margin_s
+        at = math.inf
+        if self._signalled_at is not None:
+            grace = float(self.cfg.graceful_timeout)
+            at = self._signalled_at + grace - margin - _deadlines.exit_margin(margin)
+        deadlines = self.coordinator.deadlines
+        if deadlines is not None:  # the coordinator's clock is asyncio's: monotonic
+            at = min(at, deadlines.exit_by)
+        # Half the exit margin before the coordinator's own hard exit (``exit_by`` plus
+        # half of it), which would not answer what the heartbeat's exit cuts.
+        return at - _deadlines.exit_margin(margin) / 2
+
+    def _arm_alarm(self) -> None:
+        """Last resort for an app that holds the interpreter, so that no thread of ours
+        can run: SIGALRM's default action after the heartbeat's exit and the
+        coordinator's (half the exit margin after ``exit_by``), before the promised
+        exit (``kill - kill_margin_s``)."""
+        if self._alarm_armed or self._signalled_at is None:
+            return  # armed by the first SIGTERM
+        self._alarm_armed = True
+        margin = self.coordinator.kill_margin_s
+        grace = float(self.cfg.graceful_timeout)
+        at = self._signalled_at + grace - margin - _deadlines.exit_margin(margin) / 4
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, at - time.monotonic()))
+
+    # ------------------------------------------------------- the coordinator
+
+    def _on_phase(self, phase: Phase) -> None:
+        """In the coordinator's thread, at every phase change."""
+        if phase > Phase.SERVING and not self._beating:
+            self._beating = True
+            heartbeat = threading.Thread(target=self._heartbeat, name="graceful-heartbeat")
+            heartbeat.daemon = True
+            heartbeat.start()
+        if Phase.DRAINING <= phase < Phase.STOPPED and not self._holding:  # or escalated
+            # The drain also waits for this worker's loop (backlog, gunicorn's stop).
+            self._holding = True
+            self._held_since = self.coordinator.request_started()
+            self._stop_accepting()
+        # At STOPPED the coordinator's hard exit ends the process within a second if
+        # gunicorn's own exit does not (a request cut by an escalation still running).
+
+    def _heartbeat(self) -> None:
+        """While shutting down: tell the master we live (a long request would not), and
+        end the process just before the exit deadline if it still runs then (the
+        coordinator's own hard exit comes later, too close to SIGKILL for a worker that
+        learns of SIGTERM from its master)."""
+        leave_signals_to_main_thread()
+        beat = max(0.05, min(1.0, (self.timeout or 2) / 4))
+        assert self.graceful is not None
+        c = self.coordinator
+        stopped = False
+        next_beat = 0.0
+        while True:
+            now = time.monotonic()
+            left = self._exit_at() - now
+            if left <= 0:
+                break
+            if c.accepting:
+                self._backlog_waiting()
+                wait = min(QUEUE_CHECK_S, left)
+                if now >= next_beat:
+                    self.notify()
+                    next_beat = now + beat
+                if not self.graceful.wait_for_phase(Phase.STOPPED, wait):
+                    continue
+            wait = min(beat, left)
+            if stopped:  # gunicorn's own exit normally ends the process meanwhile
+                time.sleep(wait)
+            elif self.graceful.wait_for_phase(Phase.STOPPED, wait):
+                # Stopped, but a request the cut could not reach (the worker's own
+                # thread, in the app) may still hold the process: keep the exit.
+                stopped = True
+            else:
+                self.notify()
+        cut = self._cut()
+        logger.error(
+            "still alive at the last moment before SIGKILL (phase %s, a request still "
+            "runs); exiting%s",
+            c.phase,
+            f", {cut} request{'s' if cut != 1 else ''} answered 503" if cut else "",
+        )
+        logging.shutdown()
+        os._exit(1)
+
+    def _cut_waiting(self) -> int:
+        """At the exit: refuse the connections accepted but not yet handed to the app
+        (the worker class knows them); return how many."""
+        return 0
+
+    def _backlog_waiting(self) -> None:
+        """While accepting: connections waiting in a listener's accept queue are traffic
+        the worker has not taken yet (every thread in a request, a sync worker in one):
+        the kernel's evidence restarts the idle window, where the absence of accepts
+        would end it while the queue fills."""
+        if any(_accept_queue(listener) for listener in self.sockets):
+            assert self.graceful is not None
+            self.graceful.call(self.coordinator.report_activity)
+
+    def _stop_accepting(self) -> None:
+        """Draining began: stop accepting (the worker class says how)."""
+
+    def _loop_ended(self) -> None:
+        """The worker's loop is done (backlog served, gunicorn's stop over): the drain
+        may end; then wait for the coordinator to stop, at most until the deadline."""
+        if not self._holding or self.graceful is None:
+            return
+        self.graceful.call(self.coordinator.request_finished, self._held_since)
+        # Bounded: the coordinator's hard exit ends the process before the deadline.
+        self.graceful.join(float(self.cfg.graceful_timeout))
+
+
+class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
+    """gunicorn's ``sync`` worker following graceful's shutdown policy
+    (``-k graceful.gunicorn.SyncWorker``).
+
+    With ``--threads`` above 1 gunicorn itself replaces any worker named ``…SyncWorker``
+    by its stock ``gthread`` before importing it, so no code of graceful's runs: use
+    ``ThreadWorker``, or ``WSGIWorker``, which picks by ``--threads``.  Given as a class
+    (a config file's ``worker_class = SyncWorker``), gunicorn does not replace it, and
+    ``--threads`` above 1 is refused at start-up.
+    """
+
+    _draining = False
+    _running = False  # run() took over the listeners (see _stop_accepting)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._accept_lock = threading.Lock()
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        threads = int(cfg.threads)
+        if threads > 1:
+            raise RuntimeError(
+                f"graceful: --threads {threads} with graceful.gunicorn.SyncWorker, which "
+                "serves one request at a time: use -k graceful.gunicorn.ThreadWorker (or "
+                "graceful.gunicorn.WSGIWorker, which picks by --threads)"
+            )
+        super().check_config(cfg, log)
+
+    def run(self) -> None:
+        for listener in self.sockets:
+            listener.setblocking(False)
+        self._held: list[tuple[Any, Any, Any]] = []  # swept at the stop, served here
+        with self._accept_lock:  # the loop's accept vs the stop's sweep
+            self._running = True
+            if self._draining:  # the stop came before the loop (while importing)
+                self._sweep()
+        self._start_if_signalled()
+        heartbeat = self.timeout or 0.5
+        while self.alive and not self._draining:
+            self.notify()
+            for listener in self._ready(heartbeat):
+                # As gunicorn's own loop: a heartbeat right before each accept, so that a
+                # request that arrives after an idle wait gets the whole of ``--timeout``.
+                self.notify()
+                if not self._accept(listener):
+                    break
+            if not self.is_parent_alive():
+                break
+        if self._draining:
+            self._serve_held()
+        self._loop_ended()
+
+    def _stop_accepting(self) -> None:
+        """In the coordinator's thread, at draining: take what the kernel queued and
+        close this worker's copy of the listeners at once, even while the worker's one
+        thread is inside a request.  A connection that arrives later finds a sibling
+        still accepting, or is refused (safe to retry) — not queued behind a busy worker
+        and reset at its exit.  The loop serves what was taken (``_serve_held``)."""
+        with self._accept_lock:
+            self._draining = True
+            if self._running:  # else run() sweeps when it starts
+                self._sweep()
+        with contextlib.suppress(OSError):
+            os.write(self.PIPE[1], b".")  # wake the loop's select
+
+    def _sweep(self) -> None:
+        """Take every connection queued on the listeners, then close them (with
+        ``_accept_lock`` held, the listeners non-blocking)."""
+        for listener in self.sockets:
+            closed = _ClosedListener(listener.getsockname())
+            while True:
+                try:
+                    client, address = listener.accept()
+                except OSError:
+                    break
+                self._held.append((closed, client, address))
+        for listener in self.sockets:
+            listener.close()
+
+    def _ready(self, timeout: float) -> list[Any]:
+        try:
+            ready, _, _ = select.select(self.wait_fds, [], [], timeout)
+        except (OSError, ValueError) as exc:  # a listener closed at the stop
+            if isinstance(exc, ValueError) or exc.errno in (errno.EINTR, errno.EBADF):
+                return []
+            raise
+        if self.PIPE[0] in ready:
+            try:
+                while os.read(self.PIPE[0], 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        return [fd for fd in ready if not isinstance(fd, int)]  # the listeners, not the pipe
+
+    def _accept(self, listener: Any) -> bool:
+        """Accept and serve one connection; ``False`` if none was waiting or the stop
+        took the listeners."""
+        with self._accept_lock:
+            if self._draining:
+                return False
+            try:
+                client, address = listener.accept()
+            except OSError as exc:
+                if exc.errno in _AGAIN:
+                    return False
+                raise
+        client.setblocking(True)
+        self.handle(listener, client, address)
+        return True
+
+    def _serve_held(self) -> None:
+        """Serve the connections the stop took from the backlog, each only if a request
+        as long as the longest seen can still finish before the exit; a 503 (``Retry-
+        After``) to the others, never a cut or a reset."""
+        for listener, client, address in self._held:
+            self.notify()
+            if time.monotonic() + self._longest_request_s() < self._exit_at():
+                client.setblocking(True)
+                self.handle(listener, client, address)
+            else:
+                _refuse(client)
+        self._held.clear()
+        for listener in self.sockets:
+            listener.close()
+
+    def _longest_request_s(self) -> float:
+        """The longest request the coordinator measured, asked in its thread (its clock
+        is its event loop's; what still runs is this worker's own hold, not a request);
+        0 if it does not answer at once."""
+        answer: concurrent.futures.Future[float | None] = concurrent.futures.Future()
+        coordinator = self.coordinator
+        assert self.graceful is not None
+        self.graceful.call(lambda: answer.set_result(coordinator.longest_request_s(running=False)))
+        try:
+            return answer.result(timeout=0.2) or 0.0
+        except concurrent.futures.TimeoutError:
+            return 0.0
+
+
+class _ClosedListener:
+    """What gunicorn's ``handle`` asks of the listener a connection came from (its
+    address, for the WSGI environ) once the stop closed it."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: Any) -> None:
+        self._name = name
+
+    def getsockname(self) -> Any:
+        return self._name
+
+
+def _refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
+    """Read what the client sent (bounded by ``timeout_s``), answer 503 with
+    ``Connection: close``, close: its request was not served, and it may retry."""
+    received = b""
+    with contextlib.suppress(OSError):
+        client.settimeout(timeout_s)
+        while b"\r\n\r\n" not in received and len(received) < 65536:
+            chunk = client.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    with contextlib.suppress(OSError):
+        client.settimeout(max(timeout_s, 0.05))
+        client.sendall(_CUT_RESPONSE)
+        client.shutdown(socket.SHUT_WR)
+    with contextlib.suppress(OSError):
+        client.setblocking(False)
+        while client.recv(65536):  # what is left, so that the close sends no reset
+            pass
+    with contextlib.suppress(OSError):
+        client.close()
+
+
+class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[misc]
+    """gunicorn's ``gthread`` worker following graceful's shutdown policy
+    (``-k graceful.gunicorn.ThreadWorker``).
+
+    gunicorn's loop, thread pool and keep-alive handling are kept.  At SIGTERM the worker
+    keeps accepting while the coordinator asks the policy; responses carry ``Connection:
+    close`` (kept-alive clients reconnect, to a new pod once the load balancer knows).
+    Once draining begins gunicorn's own stop runs: the connections already queued are
+    accepted first (gunicorn 24+), in-flight requests finish, idle kept-alive
+    connections are closed.
+    """
+
+    def _prestop_waits(self) -> bool:
+        return int(self.cfg.threads) > 1
+
+    def enqueue_req(self, conn: Any) -> None:
+        """gunicorn hands a connection to its thread pool: it waits for a thread until
+        ``handle`` takes it (``_cut_waiting`` answers it if the exit comes first)."""
+        self._waiting[id(conn)] = conn
+        super().enqueue_req(conn)
+
+    def handle(self, conn: Any) -> Any:
+        self._waiting.pop(id(conn), None)
+        return super().handle(conn)
+
+    def _cut_waiting(self) -> int:
+        waiting = list(getattr(self, "_waiting", {}).values())
+        for conn in waiting:
+            _refuse(conn.sock, timeout_s=0.0)
+        return len(waiting)
+
+    def run(self) -> None:
+        self._waiting: dict[int, Any] = {}  # connections waiting for a thread
+        self._start_if_signalled()
+        try:
+            super().run()
+        finally:
+            self._loop_ended()
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        """SIGINT, SIGQUIT: stop at once.  gunicorn's ``sys.exit`` here would wait for
+        the pool's threads, so a request that runs on would hold the worker."""
+        self.cfg.worker_int(self)
+        logging.shutdown()
+        os._exit(0)
+
+    def _stop_accepting(self) -> None:
+        self.alive = False  # gunicorn's loop stops accepting and drains
+        wake = getattr(getattr(self, "method_queue", None), "defer", None)
+        if wake is not None:  # gunicorn 24+: wake the loop now, not within 1 s
+            wake(lambda: None)
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        """gunicorn 24+: before the listeners leave the loop at the stop, accept what
+        already waits in the backlog (the stock worker leaves it to be reset), then
+        close this worker's copy of the listeners at once.  gunicorn's stop keeps them
+        open until the last request ends: a connection queued meanwhile was reset at
+        that close, after its client had sent its request; closed now, a sibling that
+        still accepts takes it, or, with none left, the connect is refused (safe to
+        retry)."""
+        draining = not enabled and self.coordinator.draining
+        if draining:
+            for listener in self.sockets:
+                for _ in range(self.cfg.worker_connections):
+                    if self.nr_conns >= self.cfg.worker_connections:
+                        break
+                    before = self.nr_conns
+                    self.accept(listener)
+                    if self.nr_conns == before:  # nothing was waiting
+                        break
+        super().set_accept_enabled(enabled)
+        if draining:
+            for listener in self.sockets:
+                listener.close()  # gunicorn closes them again at the end: a no-op
+
+
+class WSGIWorker(_StockSyncWorker):  # type: ignore[misc]
+    """``-k graceful.gunicorn.WSGIWorker``: ``SyncWorker`` with ``--threads 1`` (the
+    default), ``ThreadWorker`` with more — one name for every ``--threads``.  gunicorn
+    replaces a class named ``…SyncWorker`` by its stock ``gthread`` when ``--threads`` is
+    above 1; this name it leaves alone.  Instances are of the class picked."""
+
+    @staticmethod
+    def picked(cfg: Any) -> type[SyncWorker] | type[ThreadWorker]:
+        """The worker class for gunicorn's configuration ``cfg``."""
+        return ThreadWorker if int(cfg.threads) > 1 else SyncWorker
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        cls.picked(cfg).check_config(cfg, log)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        cfg = kwargs["cfg"] if "cfg" in kwargs else args[5]  # gunicorn's Worker signature
+        return cls.picked(cfg)(*args, **kwargs)
