@@ -3,7 +3,7 @@
     sudo python benchmarks/seal_stall.py [--fds 20000] [--connections 9000] [--repeats 3]
                                          [--src OLD/src ...]
 
-Closing a listener at draining (``graceful._listeners.close_keeping_backlog``) seals it
+Closing a listener at draining (``graceful._core.listeners.close_keeping_backlog``) seals it
 and waits for the handshakes under way on its port.  Here one client completed its
 handshake but sends nothing on a ``TCP_DEFER_ACCEPT`` listener, so the kernel keeps it in
 SYN_RECV: the wait runs its whole second, polling.  A crowd process holds ``--fds``
