@@ -11,7 +11,7 @@ other lacks.  So each option is one ``Option`` in ``OPTIONS`` — its name (whic
 gives both the flag and the variable), a parser from text to value, the default, a line
 of help and *where the value goes*: the policy, the coordinator, the middleware, uvicorn's
 ``Config`` or ``graceful run`` itself.  The argument parser, the environment reader, the
-gunicorn workers, the help text and ``build_server`` are all generated from it, so
+gunicorn workers, the help text and ``graceful.uvicorn.build_server`` are all generated from it, so
 adding an option is adding one entry.
 
 uvicorn's own options (``--reload``, ``--uds``, ``--ssl-*``, …) are not declared here:
@@ -46,9 +46,7 @@ from ._core.deadlines import DEFAULT_GRACE_PERIOD_S
 from ._core.policy import POLICIES, AcceptUntilIdle, Policy, policy_from_name
 
 if TYPE_CHECKING:
-    import uvicorn
-
-    from .uvicorn import Server
+    pass
 
 __all__ = (
     "ENV_PREFIX",
@@ -61,7 +59,6 @@ __all__ = (
     "Values",
     "boolean",
     "build_coordinator",
-    "build_server",
     "check",
     "coordinator_kwargs",
     "from_environment",
@@ -866,34 +863,6 @@ def middleware_kwargs(values: Values) -> dict[str, Any]:
 def uvicorn_kwargs(values: Values) -> dict[str, Any]:
     """Keyword arguments of ``uvicorn.Config``."""
     return _kwargs(values, "uvicorn")
-
-
-def build_server(
-    values: Values,
-    config: uvicorn.Config,
-    *,
-    quick_signals: tuple[int, ...] | None = None,
-    **coordinator_overrides: Any,
-) -> Server:
-    """The coordinator and the graceful uvicorn server of ``values``, in one call.
-
-    Args:
-        values: Checked values.
-        config: uvicorn's configuration (from ``uvicorn_kwargs``, or the gunicorn
-            worker's).
-        quick_signals: Signals that stop at once (default: the server's).
-        coordinator_overrides: Coordinator arguments that are not options
-            (``hard_exit``, ``exit_on_third_request``, …).
-
-    Raises:
-        ConfigError: as ``check`` (for values that were not checked).
-    """
-    from .uvicorn import Server
-
-    coordinator = build_coordinator(values, **coordinator_overrides)
-    extra: dict[str, Any] = {} if quick_signals is None else {"quick_signals": quick_signals}
-    with _named(values):
-        return Server(config, coordinator=coordinator, **extra, **middleware_kwargs(values))
 
 
 # ------------------------------------------------------------------------- checking

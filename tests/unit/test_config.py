@@ -225,7 +225,9 @@ def test_build_server_uses_every_value() -> None:
     import uvicorn
 
     values = _config.resolve({"policy": "serve-until-killed", "kill_margin": "2"}, {})
-    server = _config.build_server(values, uvicorn.Config("examples.asgi_app:app"), hard_exit=True)
+    from graceful.uvicorn import build_server
+
+    server = build_server(values, uvicorn.Config("examples.asgi_app:app"), hard_exit=True)
     assert server.coordinator.policy == graceful.ServeUntilKilled()
     assert (server.coordinator.kill_margin_s, server.coordinator.hard_exit) == (2.0, True)
 

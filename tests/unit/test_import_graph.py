@@ -19,9 +19,8 @@ SERVERS = ("uvicorn", "hypercorn", "aiohttp", "gunicorn", "granian", "trio", "h1
 #: Cycles still to untie (each a sorted tuple of modules); the goal is none.
 KNOWN_CYCLES = {
     ("graceful._core.coordinator", "graceful._core.engine"),
-    ("graceful._options", "graceful.uvicorn", "graceful.uvicorn._shape"),
+    ("graceful.uvicorn", "graceful.uvicorn._shape"),
     ("graceful.hypercorn._connection", "graceful.hypercorn._hot", "graceful.hypercorn._server"),
-    ("graceful.aiohttp._hot", "graceful.aiohttp._middleware"),
 }
 
 

@@ -179,7 +179,9 @@ def _serve_uvicorn(inv: Invocation) -> int:
     config = uvicorn_config(inv, **extra)
     if config.should_reload and inv.worker_fd is None:
         return _serve_reload(inv, config)
-    server = _config.build_server(inv.values, config, exit_on_third_request=True, hard_exit=True)
+    from ..uvicorn import build_server
+
+    server = build_server(inv.values, config, exit_on_third_request=True, hard_exit=True)
     sock = _worker_socket(inv)
     try:
         server.run(sockets=None if sock is None else [sock])
@@ -219,7 +221,9 @@ def _serve_reloaded(values: Values, config: uvicorn.Config, sockets: list[socket
 
     # uvicorn configured its logging in this process (from the pickled config) already.
     _logging.through("uvicorn", _logging.level_of(str(values["log_level"])))
-    server = _config.build_server(
+    from ..uvicorn import build_server
+
+    server = build_server(
         values, config, policy=RefuseImmediately(), exit_on_third_request=True, hard_exit=True
     )
     server.run(sockets=sockets)

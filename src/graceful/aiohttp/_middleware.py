@@ -24,7 +24,7 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 from aiohttp import WSCloseCode, hdrs, web
@@ -36,8 +36,13 @@ from .._core.policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from .._core.shape import local_of
 from .._core.tracking import is_probe
 
-if TYPE_CHECKING:
-    from ._hot import HotPath
+
+class _HotPath(Protocol):
+    """What the middleware asks of the runner's hot path (``graceful.aiohttp._hot``,
+    which uses the middleware, not the other way round)."""
+
+    def uncount(self) -> None: ...
+
 
 __all__ = ("Handler", "Middleware")
 
@@ -116,7 +121,7 @@ class Middleware:
         #: resolved the route (``graceful.aiohttp._hot``).
         self.uncounted_paths: set[str] = set()
         #: The runner's hot path, if the middleware is out of the application's chain.
-        self.hot: HotPath | None = None
+        self.hot: _HotPath | None = None
         #: Once the hot path adopted its requests: the ids of the requests without a
         #: state of the middleware's (the adopted ones) whose response began.
         self.responding: set[int] | None = None

@@ -203,7 +203,9 @@ class UvicornWorker(Worker):  # type: ignore[misc]
         except ConfigError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
-        server = _config.build_server(
+        from ..uvicorn import build_server  # here: the other workers need no uvicorn
+
+        server = build_server(
             values, self.config, quick_signals=(signal.SIGQUIT, signal.SIGINT), hard_exit=True
         )
         server.coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it

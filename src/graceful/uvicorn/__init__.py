@@ -468,3 +468,29 @@ def run(
     server = _make_server("graceful.uvicorn.run", app, coordinator, policy, kwargs)
     with teardown_guard(lambda: server.coordinator.shutdown_requested):
         server.run()
+
+
+def build_server(
+    values: _config.Values,
+    config: uvicorn.Config,
+    *,
+    quick_signals: tuple[int, ...] | None = None,
+    **coordinator_overrides: Any,
+) -> Server:
+    """The coordinator and the graceful uvicorn server of ``values``, in one call.
+
+    Args:
+        values: Checked values.
+        config: uvicorn's configuration (from ``uvicorn_kwargs``, or the gunicorn
+            worker's).
+        quick_signals: Signals that stop at once (default: the server's).
+        coordinator_overrides: Coordinator arguments that are not options
+            (``hard_exit``, ``exit_on_third_request``, …).
+
+    Raises:
+        ConfigError: as ``check`` (for values that were not checked).
+    """
+    coordinator = _config.build_coordinator(values, **coordinator_overrides)
+    extra: dict[str, Any] = {} if quick_signals is None else {"quick_signals": quick_signals}
+    with _config._named(values):
+        return Server(config, coordinator=coordinator, **extra, **_config.middleware_kwargs(values))
