@@ -260,9 +260,9 @@ class UvicornShape(ServerShape):
         ]
 
     def nudge(self) -> None:
-        """Requests adopted from the hot path whose response has not started close
-        their connection after it, with ``Connection: close`` (the middleware nudges
-        its own).
+        """Every request in flight whose response has not started — adopted from the
+        hot path or counted by the middleware — closes its connection after it, with
+        ``Connection: close``.
 
         uvicorn 0.53+ writes the header for ``keep_alive = False``; before, its httptools
         cycle writes it only when the *request* carried it, so there the header joins the
