@@ -2,8 +2,10 @@
 
 ``graceful._core`` is the coordinator and what it is made of: it imports no server
 package.  The import graph, read from the sources (``TYPE_CHECKING`` and function-level
-imports included: a cycle there is still a knot to untie), may only lose cycles:
-``KNOWN_CYCLES`` are the ones left to untie, and a new one fails here.
+imports included: a cycle there is still a knot), has no cycle: where a module needs
+what a module above it is, it states it as a protocol (the engine's ``Owner``, uvicorn's
+shape's ``Server``, hypercorn's connection's ``_Worker``, aiohttp's middleware's
+``_HotPath``), and the one above hands itself in.
 """
 
 from __future__ import annotations
@@ -16,12 +18,6 @@ import graceful
 
 PACKAGE = Path(graceful.__file__).parent
 SERVERS = ("uvicorn", "hypercorn", "aiohttp", "gunicorn", "granian", "trio", "h11", "h2")
-#: Cycles still to untie (each a sorted tuple of modules); the goal is none.
-KNOWN_CYCLES = {
-    ("graceful._core.coordinator", "graceful._core.engine"),
-    ("graceful.uvicorn", "graceful.uvicorn._shape"),
-    ("graceful.hypercorn._connection", "graceful.hypercorn._hot", "graceful.hypercorn._server"),
-}
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -111,14 +107,8 @@ def test_the_core_imports_no_server_package() -> None:
         assert not servers, f"{name} imports {sorted(servers)}"
 
 
-def test_no_new_import_cycle() -> None:
-    found = cycles(graph())
-    assert found <= KNOWN_CYCLES, f"new import cycles: {sorted(found - KNOWN_CYCLES)}"
-
-
-def test_the_known_cycles_are_still_there() -> None:
-    """A cycle untied is taken off ``KNOWN_CYCLES`` (the list only shrinks)."""
-    assert cycles(graph()) >= KNOWN_CYCLES
+def test_no_import_cycle() -> None:
+    assert cycles(graph()) == set()
 
 
 def test_gunicorn_worker_names_and_public_paths_unchanged() -> None:

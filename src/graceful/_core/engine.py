@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -67,7 +67,68 @@ from .signals import (
 )
 
 if TYPE_CHECKING:
-    from .coordinator import ShutdownCoordinator
+    from .policy import Policy
+    from .tracking import Session
+
+
+class Owner(Protocol):
+    """What the engine takes of its coordinator (``graceful.ShutdownCoordinator``, which
+    owns the engine and hands itself in: the engine does not import it).  Its counters
+    and hot-path flags are ``Tracking``'s; its configuration and the calls the engine
+    makes back are the facade's."""
+
+    # Tracking: the counters and flags the engine reads and sets.
+    _sessions: set[Session]
+    _zero_waiters: int
+    _requests_total: int
+    _last_activity_at: float | None
+    _connections_total: int
+    _connections: int
+    _changed: anyio.Event | None
+    _draining: bool
+    _nudging: bool
+    _closed_draining: int
+
+    @property
+    def _requests(self) -> int: ...
+    @property
+    def drained(self) -> bool: ...
+    def _now(self) -> float: ...
+    def _notify(self) -> None: ...
+    def _idle(self, include_connections: bool = True, include_requests: bool = True) -> bool: ...
+    def _external_requests(self) -> tuple[int, int]: ...
+    def _start_timing(self, now: float) -> None: ...
+    def oldest_request_age_s(self) -> float | None: ...
+    def longest_request_s(self, *, running: bool = True) -> float | None: ...
+
+    # The facade: its configuration and the calls the engine makes back.
+    @property
+    def policy(self) -> Policy: ...
+    @property
+    def drain_timeout_s(self) -> float: ...
+    @property
+    def grace_period_s(self) -> float | None: ...
+    @property
+    def kill_margin_s(self) -> float: ...
+    @property
+    def hook_timeout_s(self) -> float: ...
+    @property
+    def hard_exit(self) -> bool: ...
+    @property
+    def exit_on_third_request(self) -> bool: ...
+    def drain_time_left(self) -> float | None: ...
+    def time_left_s(self, until: float | None, *, at_most_s: float = ...) -> float: ...
+    def signal_received(self, signum: int, *, quick: Collection[int] = ...) -> None: ...
+    def request_shutdown(
+        self,
+        reason: str = ...,
+        *,
+        escalate: bool = ...,
+        immediate: bool = ...,
+        drain_now: bool = ...,
+    ) -> None: ...
+    def exit_soon(self, within_s: float = ...) -> None: ...
+
 
 __all__ = (
     "DUPLICATE_WINDOW_S",
@@ -154,7 +215,7 @@ class PhaseEngine:
     names; the methods without docs carry out the coordinator's method of the same name.
     """
 
-    def __init__(self, owner: ShutdownCoordinator) -> None:
+    def __init__(self, owner: Owner) -> None:
         self._owner: Final = owner  # its counters, its configuration, its hot-path flags
         self._table = PhaseTable()
         self.phase = Phase.SERVING

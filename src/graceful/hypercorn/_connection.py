@@ -15,7 +15,7 @@ ended.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from hypercorn.events import Closed, Event, Updated
 from hypercorn.protocol.h2 import H2Protocol
@@ -23,8 +23,15 @@ from typing_extensions import final
 
 from .._core.coordinator import ShutdownCoordinator
 
-if TYPE_CHECKING:
-    from ._server import _Worker
+
+class _Worker(Protocol):
+    """What a connection asks of the worker that handed itself in
+    (``graceful.hypercorn._server._Worker``, which uses this module, not the other way
+    round)."""
+
+    watching: bool
+
+    async def on_updated(self, conn: _Connection, idle: bool) -> None: ...
 
 
 @final

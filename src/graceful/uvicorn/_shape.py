@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import uvicorn
 from typing_extensions import final
@@ -25,7 +25,34 @@ from .._core.shape import ServerShape, awaited, called_from, finisher
 from ..asgi import ASGIApp, GracefulMiddleware
 
 if TYPE_CHECKING:
-    from . import Server
+    from .._core.listeners import Handovers
+
+
+class Server(Protocol):
+    """What the shape and the tracking protocols read of graceful's ``uvicorn.Server``
+    (``graceful.uvicorn``, which uses this module, not the other way round)."""
+
+    coordinator: ShutdownCoordinator
+    config: uvicorn.Config
+    idle_grace_s: float
+    server_state: Any  # uvicorn's ServerState: connections, tasks
+    servers: list[Any]
+    should_exit: bool
+    force_exit: bool
+    lifespan: Any
+    _loop: asyncio.AbstractEventLoop | None
+    _wake: asyncio.Future[None] | None
+    _transports: set[asyncio.BaseTransport]
+    _handovers: Handovers
+    _hot: HotPath | None
+
+    def _is_http(self, connection: Any) -> bool: ...
+    def _shutdown_connection(self, connection: Any) -> None: ...
+    def _protocol_factory(self) -> asyncio.Protocol: ...
+    def _transport_made(self, protocol: Any, transport: asyncio.BaseTransport) -> None: ...
+    def _transport_of(self, protocol: Any) -> asyncio.BaseTransport | None: ...
+    def _transport_closed(self, transport: asyncio.BaseTransport) -> None: ...
+
 
 __all__ = ("HotPath", "UvicornShape", "is_httptools", "tracking_class")
 
