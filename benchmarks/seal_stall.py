@@ -134,33 +134,9 @@ CONNECTIONS = textwrap.dedent(
 )
 
 
-#: A graceful.asyncio server on its own SO_REUSEPORT socket, refusing at SIGTERM.
-REUSEPORT_SERVER = textwrap.dedent(
-    """
-    import asyncio, logging, socket, sys
-    import anyio, graceful, graceful.asyncio
-
-    async def handle(reader, writer):
-        await reader.read(1)
-        writer.close()
-
-    async def main(port):
-        coordinator = graceful.ShutdownCoordinator(
-            policy=graceful.policy_from_name("refuse-immediately"), grace_period_s=10
-        )
-        server = await graceful.asyncio.start_server(
-            handle, "127.0.0.1", port, coordinator=coordinator, reuse_port=True
-        )
-        for sock in server.sockets:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 30)
-        async with server, anyio.create_task_group() as tg:
-            await tg.start(coordinator.run)
-            print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
-
-    logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-    asyncio.run(main(int(sys.argv[1])))
-    """
-)
+#: A graceful.asyncio server on its own SO_REUSEPORT socket, refusing at SIGTERM (the
+#: one the seal's tests run).
+REUSEPORT_SERVER = str(ROOT / "tests" / "integration" / "reuseport_server.py")
 
 
 def _server(src: str | None, port: int) -> tuple[subprocess.Popen[str], int]:
@@ -168,7 +144,7 @@ def _server(src: str | None, port: int) -> tuple[subprocess.Popen[str], int]:
     if src is not None:
         env["PYTHONPATH"] = src
     proc = subprocess.Popen(
-        [sys.executable, "-c", REUSEPORT_SERVER, str(port)],
+        [sys.executable, REUSEPORT_SERVER, str(port)],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from integration.servers import ServerProcess
+
 from ._harness import (
     ACCEPTING,
     DRAINING,
@@ -32,6 +34,7 @@ from ._harness import (
     outcomes,
     state,
     summarize,
+    wait_for,
     worker_pids,
 )
 from .test_wsgi_workers import answered_and_closed
@@ -44,6 +47,23 @@ FLASK = "tests.integration.wsgi_apps.flask_app:app"
 DJANGO = "tests.integration.wsgi_apps.django_app:application"
 THREADS = ["--threads", "4"]
 SLOW_STARTED = r"started|slow request started"
+
+
+def in_flight(server: ServerProcess, path: str, rid: str) -> Client:
+    """A request ``rid`` to ``path``, once the app logged that it started."""
+    client = Client.connect(server.port)
+    client.request(path, rid)
+    server.wait_for_line(rf"started {rid}\b")
+    return client
+
+
+def send(port: int, path: str, prefix: str, n: int) -> list[Client]:
+    """``n`` fresh connections, each sending one request to ``path`` unless refused."""
+    clients = [Client.connect(port) for _ in range(n)]
+    for i, client in enumerate(clients):
+        if client.end is None:
+            client.request(path, f"{prefix}{i}")
+    return clients
 
 
 # ------------------------------------------------------------------ heartbeats
@@ -124,9 +144,7 @@ def test_a_busy_sync_worker_is_not_idle(harness: Harness, record: Callable[[str]
         "--graceful-timeout", "20", app=FLASK, worker_class="SyncWorker",
         env={"GRACEFUL_IDLE": "1"},
     )  # fmt: skip
-    slow = Client.connect(server.port)
-    slow.request("/slow?s=3", "busy")
-    server.wait_for_line(r"started busy")
+    slow = in_flight(server, "/slow?s=3", "busy")
     server.signal(signal.SIGTERM)
     server.wait_for_line(ACCEPTING)
     clients = [slow]
@@ -174,9 +192,7 @@ def test_thread_worker_leaves_nothing_queued_after_its_backlog_sweep(
         "--graceful-timeout", "10", *THREADS, app=DJANGO, worker_class="ThreadWorker",
         env=env,
     )  # fmt: skip
-    slow = Client.connect(server.port)
-    slow.request("/slow?s=2", "inflight")
-    server.wait_for_line(r"started inflight")
+    slow = in_flight(server, "/slow?s=2", "inflight")
     server.signal(signal.SIGTERM)
     clients = [slow]
     began = time.monotonic()
@@ -215,9 +231,7 @@ def test_a_short_graceful_timeout_serves_what_stock_completes(
         "--graceful-timeout", timeout, *(THREADS if worker == "ThreadWorker" else []),
         app=FLASK if worker == "SyncWorker" else DJANGO, worker_class=worker,
     )  # fmt: skip
-    slow = Client.connect(server.port)
-    slow.request(f"/slow?s={seconds}", "inflight")
-    server.wait_for_line(r"started inflight")
+    slow = in_flight(server, f"/slow?s={seconds}", "inflight")
     server.signal(signal.SIGTERM)
     collect([slow], 10, until=answered_and_closed)
     results = outcomes([slow])
@@ -237,9 +251,7 @@ def test_a_request_the_exit_cuts_is_answered_503(
         "--graceful-timeout", "2", *(THREADS if worker == "ThreadWorker" else []),
         app=WSGI_APP, worker_class=worker,
     )  # fmt: skip
-    slow = Client.connect(server.port)
-    slow.request("/slow?s=5", "inflight")
-    server.wait_for_line(r"started inflight")
+    slow = in_flight(server, "/slow?s=5", "inflight")
     server.signal(signal.SIGTERM)
     collect([slow], 10, until=answered_and_closed)
     results = outcomes([slow])
@@ -307,9 +319,7 @@ def test_wsgi_worker_with_threads_runs_graceful_thread_worker(
         "--graceful-timeout", "10", *THREADS, app=WSGI_APP, worker_class="WSGIWorker",
         env={"GRACEFUL_IDLE": "0.3"},
     )  # fmt: skip
-    slow = Client.connect(server.port)
-    slow.request("/slow?s=1", "inflight")
-    server.wait_for_line(r"started inflight")
+    slow = in_flight(server, "/slow?s=1", "inflight")
     server.signal(signal.SIGTERM)
     server.wait_for_line(ACCEPTING)
     collect([slow], 10, until=answered_and_closed)
@@ -369,18 +379,21 @@ def test_a_worker_is_out_by_the_kill_margin_whatever_the_app_does(
     server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20)[1])
     server.wait_for_line(r"policy .*; kill deadline", timeout_s=20)
     (pid,) = worker_pids(server)
-    stubborn = Client.connect(server.port)
-    stubborn.request("/stubborn", "stubborn")
-    server.wait_for_line(r"started stubborn")
+    stubborn = in_flight(server, "/stubborn", "stubborn")
     began = time.monotonic()
     server.signal(signal.SIGTERM)
-    while state(pid) not in (None, "Z") and time.monotonic() - began < 10:  # bounded
-        time.sleep(0.01)  # the poll: /proc has no event to wait on (None: reaped)
+    wait_for(lambda: state(pid) in (None, "Z"), 10, f"worker {pid} exited")  # or reaped
     took = time.monotonic() - began
+    collect([stubborn], 5)
     code = server.wait_exit(20)
     killed = server.has_line(r"was sent SIGKILL")
-    record(f"worker out {took:.2f} s after SIGTERM (grace 4 s, margin 0.4 s); SIGKILL: {killed}")
+    answer = stubborn.responses[0].status if stubborn.responses else stubborn.end
+    record(
+        f"worker out {took:.2f} s after SIGTERM (grace 4 s, margin 0.4 s); the stubborn "
+        f"request: {answer}; SIGKILL: {killed}"
+    )
     assert took < 3.6, server.output()
+    assert answer == 503, server.output()  # cut before its response started
     assert not killed, server.output()
     assert code == 0
 
@@ -402,18 +415,11 @@ def test_a_busy_sync_worker_serves_or_refuses_what_queued_behind_it(
         "--graceful-timeout", "6", app=FLASK, worker_class="SyncWorker",
         env={"GRACEFUL_POLICY": "refuse-immediately"},
     )  # fmt: skip
-    busy = Client.connect(server.port)
-    busy.request("/slow?s=2", "busy")
-    server.wait_for_line(r"started busy")
-    queued = [Client.connect(server.port) for _ in range(3)]
-    for i, client in enumerate(queued):
-        client.request("/slow?s=1", f"q{i}")
+    busy = in_flight(server, "/slow?s=2", "busy")
+    queued = send(server.port, "/slow?s=1", "q", 3)
     server.signal(signal.SIGTERM)
     server.wait_for_line(DRAINING)
-    late = [Client.connect(server.port) for _ in range(5)]
-    for i, client in enumerate(late):
-        if client.end is None:
-            client.request("/slow?s=1", f"late{i}")
+    late = send(server.port, "/slow?s=1", "late", 5)
     clients = [busy, *queued, *late]
     collect(clients, 20, until=answered_and_closed)
     results = outcomes(clients)
@@ -435,12 +441,8 @@ def test_connections_waiting_for_a_thread_at_the_exit_are_answered_503(
         "--graceful-timeout", "4", "--threads", "1", app=WSGI_APP,
         worker_class="ThreadWorker", env={"GRACEFUL_POLICY": "refuse-immediately"},
     )  # fmt: skip
-    busy = Client.connect(server.port)
-    busy.request("/slow?s=10", "busy")
-    server.wait_for_line(r"started busy")
-    waiting = [Client.connect(server.port) for _ in range(3)]
-    for i, client in enumerate(waiting):
-        client.request("/", f"w{i}")
+    busy = in_flight(server, "/slow?s=10", "busy")
+    waiting = send(server.port, "/", "w", 3)
     server.signal(signal.SIGTERM)
     clients = [busy, *waiting]
     collect(clients, 15, until=answered_and_closed)

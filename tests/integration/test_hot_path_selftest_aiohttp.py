@@ -6,38 +6,24 @@ middleware — a request in flight at SIGTERM is still counted and waited for.""
 
 from __future__ import annotations
 
-import re
-import signal
-from collections.abc import Iterator
-
 import aiohttp
 import pytest
 
 from .servers import (
-    ACCEPTING,
     AIOHTTP_APP,
     RawHTTP,
     ServerProcess,
     aiohttp_command,
     aiohttp_ready,
 )
+from .test_hot_path_selftest import assert_self_test
 
 BROKEN_APP = "tests.integration.selftest_apps.aiohttp_broken"
-SELF_TEST_FAILED = r"hot path self-test failed"
 #: What the warning says did not hold, by the way the contract was broken.
 WHAT = {
     "await": "the request's task does not await the request handler's coroutine",
     "clone": "the request the handler gets is not the one its task holds",
 }
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    RawHTTP.close_all()
-    for server in started:
-        server.stop()
 
 
 def start(servers: list[ServerProcess], mode: str, broken: str) -> ServerProcess:
@@ -69,26 +55,7 @@ def test_aiohttp_hot_path_self_test(servers: list[ServerProcess], broken: str, m
     is counted (the middleware's) and waited for (200, not cut).  Intact: no warning,
     the same drain (the hot path's finder counts it)."""
     server = start(servers, mode, broken)
-    client = RawHTTP(server.port)
-    assert client.get("/readyz")[0] == 200  # a health probe first: not the one tested
-    assert client.get("/")[::2] == (200, b"hello\n")
-    if broken:
-        line = server.wait_for_line(SELF_TEST_FAILED).string
-        assert f"aiohttp {aiohttp.__version__}: " in line
-        assert f"({WHAT[broken]})" in line
-    for _ in range(3):
-        assert client.get("/")[::2] == (200, b"hello\n")
-    slow = RawHTTP(server.port)
-    slow.send("/slow?s=1.5")
-    server.wait_for_line(r"slow request started")
-    server.signal(signal.SIGTERM)
-    # Counted as a request in flight (broken: by the middleware; without the self-test
-    # it would say 0 requests and only the connection would keep the drain going).
-    assert re.search(r"connections?, 1 request[;)]", server.wait_for_line(ACCEPTING).string)
-    status, _, body = slow.response()
-    assert (status, body) == (200, b"slept 1.5\n")
-    assert server.wait_exit() == 0
-    output = server.output()
-    assert output.count("self-test failed") == (1 if broken else 0), output
-    assert "cutting" not in output, output
+    assert RawHTTP(server.port).get("/readyz")[0] == 200  # a probe first: not the one tested
+    said = (f"aiohttp {aiohttp.__version__}: ", f"({WHAT[broken]})") if broken else ()
+    output = assert_self_test(server, bool(broken), *said)
     assert " cut: " not in output, output

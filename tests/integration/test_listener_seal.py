@@ -121,33 +121,9 @@ def test_a_socket_handed_to_a_server_in_another_pid_namespace_is_not_sealed(
         server.stop()
 
 
-#: A graceful.asyncio server on a ``SO_REUSEPORT`` socket it binds itself, refusing new
-#: connections at SIGTERM; ``TCP_DEFER_ACCEPT`` keeps a client that sends nothing in
-#: SYN_RECV (a handshake under way, for as long as the test wants).
-REUSEPORT_SERVER = r"""
-import asyncio, logging, socket, sys
-import anyio, graceful, graceful.asyncio
-
-async def handle(reader, writer):
-    await reader.read(1)
-    writer.close()
-
-async def main(port):
-    coordinator = graceful.ShutdownCoordinator(
-        policy=graceful.policy_from_name("refuse-immediately"), grace_period_s=10
-    )
-    server = await graceful.asyncio.start_server(
-        handle, "127.0.0.1", port, coordinator=coordinator, reuse_port=True
-    )
-    for sock in server.sockets:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 30)
-    async with server, anyio.create_task_group() as tg:
-        await tg.start(coordinator.run)
-        print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
-
-logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-asyncio.run(main(int(sys.argv[1])))
-"""
+#: ``reuseport_server.py``: a graceful.asyncio server on a ``SO_REUSEPORT`` socket it
+#: binds itself, refusing at SIGTERM, with ``TCP_DEFER_ACCEPT``.
+REUSEPORT_SERVER = str(Path(__file__).with_name("reuseport_server.py"))
 
 
 def _syn_recv(port: int) -> bool:
@@ -164,12 +140,12 @@ def test_a_reuseport_sibling_answers_every_connection_while_the_other_drains() -
     sealed reuseport member would drop its hash share of SYNs — each such client waits a
     second for its retransmission — for as long as it waits for handshakes (before the
     fix: the whole second, for a handshake that was not even its own)."""
-    old = ServerProcess([sys.executable, "-c", REUSEPORT_SERVER, "0"])
+    old = ServerProcess([sys.executable, REUSEPORT_SERVER, "0"])
     new: ServerProcess | None = None
     clients: list[socket.socket] = []
     try:
         port = int(old.wait_for_line(r"listening on (\d+)").group(1))
-        new = ServerProcess([sys.executable, "-c", REUSEPORT_SERVER, str(port)])
+        new = ServerProcess([sys.executable, REUSEPORT_SERVER, str(port)])
         new.wait_for_line(r"listening on")
         stuck = socket.create_connection(("127.0.0.1", port), timeout=10)  # sends nothing
         clients.append(stuck)

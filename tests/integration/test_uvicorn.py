@@ -14,22 +14,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 import graceful._demo as demo
 
 from .servers import ACCEPTING, POLICIES, RawHTTP, ServerProcess
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    RawHTTP.close_all()
-    for server in started:
-        server.stop()
 
 
 def test_bad_policy_exits_2_naming_it(servers: list[ServerProcess]) -> None:

@@ -5,20 +5,10 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterator
 
 import pytest
 
 from .servers import ACCEPTING, RawHTTP, ServerProcess, graceful_run
-
-
-@pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    RawHTTP.close_all()
-    for server in started:
-        server.stop()
 
 
 def start(servers: list[ServerProcess], *options: str) -> ServerProcess:
