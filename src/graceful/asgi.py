@@ -325,7 +325,7 @@ class GracefulMiddleware:
                         "headers": [*_TEXT, _CLOSE, (b"retry-after", b"0")],
                     }
                 )
-                await send({"type": "http.response.body", "body": b"server shutting down\n"})
+                await send({"type": "http.response.body", "body": _health.CUT_BODY})
             except Exception:  # the client is gone, or the server refuses: nothing to do
                 logger.debug("could not answer the cut request %s", scope.get("path"))
 

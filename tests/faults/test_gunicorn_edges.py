@@ -259,6 +259,9 @@ def test_a_request_the_exit_cuts_is_answered_503(
     killed = server.has_line(r"was sent SIGKILL|signal 9")
     record(f"{summarize(results)}; SIGKILL: {killed}; exit {code}")
     assert [(r.kind, r.status) for r in results] == [("ok", 503)], server.output()
+    response = slow.responses[0]
+    assert response.body == b"server shutting down\n"  # as every server's cut says it
+    assert (response.headers["connection"], response.headers["retry-after"]) == ("close", "0")
     assert not killed, server.output()
 
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 from .coordinator import ShutdownCoordinator
 from .policy import Phase
 
-__all__ = ("check_path", "liveness", "prestop_done", "readiness")
+__all__ = ("CUT_BODY", "check_path", "liveness", "prestop_done", "readiness")
+
+#: The body of the 503 (``Retry-After: 0``, ``Connection: close``) a request gets when it
+#: is cut before its response started, in every server's terms.
+CUT_BODY = b"server shutting down\n"
 
 
 def check_path(name: str, value: str | None) -> str | None:

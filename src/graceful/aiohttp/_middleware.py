@@ -280,7 +280,7 @@ class Middleware:
         with anyio.CancelScope(shield=True), anyio.move_on_after(limit):
             try:
                 response = web.Response(
-                    status=503, text="server shutting down\n", headers={"Retry-After": "0"}
+                    status=503, text=_health.CUT_BODY.decode(), headers={"Retry-After": "0"}
                 )
                 response.force_close()
                 await response.prepare(request)

@@ -63,6 +63,7 @@ from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
 from .. import _options as _config
 from .._core import deadlines as _deadlines
+from .._core import health as _health
 from .._core import logging as _logging
 from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
@@ -77,8 +78,10 @@ _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 #: What a request the exit cuts before its response started is answered (not a bare
 #: EOF: a 503 tells the client the request was not served, and it may retry).
 _CUT_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain"
-    b"\r\nContent-Length: 34\r\nRetry-After: 0\r\n\r\nshutting down: request not served\n"
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 0\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    + f"Content-Length: {len(_health.CUT_BODY)}\r\n\r\n".encode()
+    + _health.CUT_BODY
 )
 #: While accepting, the listeners' accept queues are looked at this often (see
 #: ``_backlog_waiting``).
