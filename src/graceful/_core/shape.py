@@ -37,9 +37,30 @@ import anyio
 from .coordinator import ShutdownCoordinator
 from .policy import Phase
 
-__all__ = ("ServerShape", "awaited", "called_from", "finisher", "stack_frames")
+__all__ = (
+    "ServerShape",
+    "awaited",
+    "called_from",
+    "finisher",
+    "self_test_failed",
+    "stack_frames",
+)
 
 logger = logging.getLogger("graceful")
+
+
+def self_test_failed(server: str, version: str, what: str) -> None:
+    """The one warning of a hot path whose self-test failed (its first request was not
+    found by the finder the drain uses): loud, once, naming the server, its version and
+    what did not hold."""
+    logger.warning(
+        "%s %s: hot path self-test failed (%s); graceful cannot find the requests in "
+        "flight on the hot path, every request now goes through the middleware",
+        server,
+        version,
+        what,
+    )
+
 
 #: The share of stopping's budget the listeners get to hand their backlog over.
 LISTENERS_CLOSED_S = 0.5

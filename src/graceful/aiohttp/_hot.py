@@ -44,7 +44,7 @@ from aiohttp import hdrs, web
 from typing_extensions import final
 
 from .._core.coordinator import ShutdownCoordinator
-from .._core.shape import awaited, called_from, finisher, local_of, stack_frames
+from .._core.shape import awaited, called_from, finisher, local_of, self_test_failed, stack_frames
 from ._middleware import Middleware, _started
 
 __all__ = ("HotPath",)
@@ -229,13 +229,7 @@ class HotPath:
 
     def fail(self, what: str) -> None:
         """One warning; every later request takes the middleware (which counts each)."""
-        logger.warning(
-            "aiohttp %s: hot path self-test failed (%s); graceful cannot find the "
-            "requests in flight on the hot path, every request now goes through the "
-            "middleware",
-            aiohttp.__version__,
-            what,
-        )
+        self_test_failed("aiohttp", aiohttp.__version__, what)
         self.on = False
         self.failed = True
 

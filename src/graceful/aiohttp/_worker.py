@@ -49,7 +49,7 @@ from .._core import logging as _logging
 from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
 from .._core.signals import catch_signals, defer_signals
-from ..gunicorn._master import master_listens
+from ..gunicorn._master import check_in_master, master_listens
 from ._runner import AppRunner
 
 __all__ = ("AiohttpWorker",)
@@ -84,12 +84,8 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
-        """Check the ``GRACEFUL_*`` variables in the master, before any worker boots
-        (a bad value stops gunicorn with one line instead of a crash loop)."""
-        try:
-            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
-        except _config.ConfigError as exc:
-            raise RuntimeError(f"graceful: {exc}") from None
+        """Check the ``GRACEFUL_*`` variables in the master (``check_in_master``)."""
+        check_in_master(cfg, log)
 
     def init_signals(self) -> None:
         # SIGTERM/SIGINT/SIGQUIT are recorded until the worker serves (the app is

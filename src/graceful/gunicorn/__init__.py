@@ -45,6 +45,7 @@ from .. import _options as _config
 from .._core import logging as _logging
 from .._core.signals import defer_signals
 from .._options import ConfigError
+from ._master import check_in_master
 from ._master import master_listens as master_listens
 
 if TYPE_CHECKING:
@@ -175,15 +176,8 @@ class UvicornWorker(Worker):  # type: ignore[misc]
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
-        """Check the ``GRACEFUL_*`` variables in the master, before any worker boots.
-
-        gunicorn's arbiter calls this at start-up; the ``RuntimeError`` stops gunicorn
-        with ``Error: graceful: …`` and status 1.
-        """
-        try:
-            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
-        except ConfigError as exc:
-            raise RuntimeError(f"graceful: {exc}") from None
+        """Check the ``GRACEFUL_*`` variables in the master (``check_in_master``)."""
+        check_in_master(cfg, log)
 
     def init_signals(self) -> None:
         # Reset gunicorn's handlers so that it does not swallow subprocess exit codes

@@ -1,4 +1,5 @@
-"""What a gunicorn worker may ask of its master: whether the pod still serves."""
+"""What a gunicorn worker does in, or asks of, its master: the settings checked once at
+start-up, whether the pod still serves."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ("master_listens",)
+from .. import _options as _config
+
+__all__ = ("check_in_master", "master_listens")
 
 
 def master_listens(ppid: int, sockets: Iterable[Any]) -> Callable[[], bool]:
@@ -37,3 +40,14 @@ def master_listens(ppid: int, sockets: Iterable[Any]) -> Callable[[], bool]:
         return False
 
     return check
+
+
+def check_in_master(cfg: Any, log: Any) -> None:
+    """Every graceful worker's ``check_config``: the ``GRACEFUL_*`` variables, checked
+    once in the master before any worker boots (gunicorn's arbiter calls it at start-up;
+    the ``RuntimeError`` stops gunicorn with ``Error: graceful: …`` and status 1 instead
+    of workers that fail to boot, respawned forever)."""
+    try:
+        _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
+    except _config.ConfigError as exc:
+        raise RuntimeError(f"graceful: {exc}") from None

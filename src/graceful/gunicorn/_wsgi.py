@@ -70,7 +70,7 @@ from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
 from ..wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
-from ._master import master_listens
+from ._master import check_in_master, master_listens
 
 logger = logging.getLogger("graceful")
 
@@ -122,11 +122,8 @@ class _GracefulWSGIWorker:
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
-        """Check the ``GRACEFUL_*`` variables in the master, before any worker boots."""
-        try:
-            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
-        except ConfigError as exc:
-            raise RuntimeError(f"graceful: {exc}") from None
+        """Check the ``GRACEFUL_*`` variables in the master (``check_in_master``)."""
+        check_in_master(cfg, log)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

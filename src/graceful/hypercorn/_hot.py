@@ -50,7 +50,7 @@ from hypercorn.typing import AppWrapper
 from typing_extensions import final
 
 from .._core.coordinator import ShutdownCoordinator
-from .._core.shape import awaited, stack_frames
+from .._core.shape import awaited, self_test_failed, stack_frames
 from ..asgi import GracefulMiddleware
 from ._connection import _Connection
 
@@ -201,13 +201,7 @@ class HotPath:
 
     def fail(self, what: str) -> None:
         """One warning; every later request takes the middleware (which counts each)."""
-        logger.warning(
-            "hypercorn %s: hot path self-test failed (%s); graceful cannot find the "
-            "requests in flight on the hot path, every request now goes through the "
-            "middleware",
-            _version("hypercorn"),
-            what,
-        )
+        self_test_failed("hypercorn", _version("hypercorn"), what)
         self.on = False
         self.failed = True
 

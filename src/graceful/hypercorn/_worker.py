@@ -41,7 +41,7 @@ from .. import _options as _config
 from .._core import logging as _logging
 from .._core.coordinator import ShutdownCoordinator
 from .._core.signals import defer_signals
-from ..gunicorn._master import master_listens
+from ..gunicorn._master import check_in_master, master_listens
 from . import WorkerClass, serve
 
 __all__ = ("HypercornTrioWorker", "HypercornUvloopWorker", "HypercornWorker")
@@ -95,15 +95,8 @@ class HypercornWorker(Worker):  # type: ignore[misc]
 
     @classmethod
     def check_config(cls, cfg: Any, log: Any) -> None:
-        """Check the ``GRACEFUL_*`` variables in the master, before any worker boots.
-
-        gunicorn's arbiter calls this at start-up; the ``RuntimeError`` stops gunicorn
-        with ``Error: graceful: …`` and status 1 instead of workers that fail to boot.
-        """
-        try:
-            _config.gunicorn_values(cfg.graceful_timeout, warn=log.warning, workers=cfg.workers)
-        except _config.ConfigError as exc:
-            raise RuntimeError(f"graceful: {exc}") from None
+        """Check the ``GRACEFUL_*`` variables in the master (``check_in_master``)."""
+        check_in_master(cfg, log)
 
     def run(self) -> None:
         try:

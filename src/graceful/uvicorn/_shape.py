@@ -21,7 +21,7 @@ from typing_extensions import final
 
 from .._core.coordinator import ShutdownCoordinator
 from .._core.listeners import close_keeping_backlog
-from .._core.shape import ServerShape, awaited, called_from, finisher
+from .._core.shape import ServerShape, awaited, called_from, finisher, self_test_failed
 from ..asgi import ASGIApp, GracefulMiddleware
 
 if TYPE_CHECKING:
@@ -229,13 +229,7 @@ class HotPath:
         """The self-test failed: one warning, and every later request takes the
         middleware (which counts each itself); the request being tested is reported to
         the coordinator until its task ends."""
-        logger.warning(
-            "uvicorn %s: hot path self-test failed (%s); graceful cannot find the "
-            "requests in flight on the hot path, every request now goes through the "
-            "middleware",
-            uvicorn.__version__,
-            what,
-        )
+        self_test_failed("uvicorn", uvicorn.__version__, what)
         self.on = False
         self.failed = True
         if task is not None and not task.done():
