@@ -96,7 +96,9 @@ def test_sync_worker_gives_a_request_after_an_idle_wait_the_whole_timeout(
 # ------------------------------------------------------------------ late relays
 
 
-@pytest.mark.parametrize("worker", ["UvicornWorker", "HypercornWorker", "AiohttpWorker"])
+@pytest.mark.parametrize(
+    "worker", ["UvicornWorker", "UvicornH11Worker", "HypercornWorker", "AiohttpWorker"]
+)
 def test_a_late_relay_of_sigterm_is_not_an_escalation(
     harness: Harness, record: Callable[[str], None], worker: str
 ) -> None:
@@ -367,7 +369,7 @@ def test_a_bad_setting_with_threads_is_refused(
 # ------------------------------------------------------------------ the kill margin
 
 
-@pytest.mark.parametrize("worker", ["UvicornWorker", "HypercornWorker"])
+@pytest.mark.parametrize("worker", ["UvicornWorker", "UvicornH11Worker", "HypercornWorker"])
 def test_a_worker_is_out_by_the_kill_margin_whatever_the_app_does(
     harness: Harness, record: Callable[[str], None], worker: str
 ) -> None:
@@ -396,7 +398,11 @@ def test_a_worker_is_out_by_the_kill_margin_whatever_the_app_does(
         f"request: {answer}; SIGKILL: {killed}"
     )
     assert took < 3.6, server.output()
-    assert answer == 503, server.output()  # cut before its response started
+    if worker != "UvicornH11Worker":
+        # Cut before its response started: the hot path answers it.  Under the
+        # middleware (h11) a handler that swallows its cancellation keeps the 503 from
+        # being sent (an EOF at the exit, as stock's SIGKILL gives).
+        assert answer == 503, server.output()
     assert not killed, server.output()
     assert code == 0
 
