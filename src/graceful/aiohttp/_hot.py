@@ -1,14 +1,16 @@
 """graceful.aiohttp's hot path: requests straight to the application while nothing shuts down.
 
 aiohttp runs a middleware through machinery of its own (a cached chain of
-``functools.partial`` objects and a coroutine per middleware): one no-op middleware
-costs about 14,000 instructions a request, 7 % of a hello-world request.  So
-graceful's ``AppRunner`` keeps its ``Middleware`` out of the application's chain and
-hands aiohttp's ``web.Server`` a dispatcher as its ``request_handler`` (a public
-attribute, read by each connection when it is made): a plain function that returns the
-coroutine of the application's own handler while nothing shuts down — one flag, one
-header test, one integer per request, no coroutine of its own — and calls the
-middleware around that handler otherwise, and for every websocket upgrade.
+``functools.partial`` objects and a coroutine per middleware): graceful's middleware in
+the application's chain costs about 28,000 instructions a request, 15 % of a
+hello-world request, most of it that machinery (``benchmarks/server_instructions.py
+--server aiohttp-chain``).  So graceful's ``AppRunner`` keeps its ``Middleware`` out of
+the application's chain and hands aiohttp's ``web.Server`` a dispatcher as its
+``request_handler`` (a public attribute, read by each connection when it is made): a
+plain function that returns the coroutine of the application's own handler while
+nothing shuts down — one flag, one header test, one integer per request, no coroutine
+of its own — and calls the middleware around that handler otherwise, and for every
+websocket upgrade.
 
 The requests the hot path started are counted where they run: each is a task whose
 awaited coroutines include the application's handler and not the middleware, serving a
@@ -239,8 +241,9 @@ class HotPath:
     def started(self) -> int:
         """The requests the hot path started (less those adopted): aiohttp's own count
         of the server's requests (the public ``requests_count``, which it increments for
-        every request anyway: a count of the dispatcher's own costs 400 instructions a
-        request) less those started elsewhere; fixed when adopted."""
+        every request anyway: a count of the dispatcher's own would cost 300 to 400
+        instructions a request more, by ``benchmarks/server_instructions.py --server
+        aiohttp``) less those started elsewhere; fixed when adopted."""
         if self._started_off is not None:
             return self._started_off
         return self.server.requests_count - self.elsewhere

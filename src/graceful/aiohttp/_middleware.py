@@ -12,8 +12,9 @@ headers: from the moment the coordinator nudges, each request the middleware run
 (and each the hot path adopted, ``graceful.aiohttp._hot``) is made an instance of a
 subclass of its class whose ``keep_alive`` answers ``False`` and notes that the
 response began (``Middleware.watch``).  No ``on_response_prepare`` receiver is needed,
-which aiohttp would run for every response of the application, watched or not (5,000
-instructions a request).  A websocket's ``WebSocketResponse`` is found, for its 1001,
+which aiohttp would run for every response of the application, watched or not (about
+5,000 instructions a request: ``benchmarks/server_instructions.py --server
+aiohttp-prepare``).  A websocket's ``WebSocketResponse`` is found, for its 1001,
 among the locals of the coroutines its handler's task awaits.
 """
 

@@ -20,15 +20,18 @@ Reaches below aiohttp's public API
   (``_process_keepalive``).  aiohttp's public ``RequestHandler.close()`` leaves an idle
   connection open, and its ``shutdown()`` drops the rest of a request body being
   uploaded, so neither can be used.
-* The ``aiohttp.web.Server`` the runner creates is given a subclass that overrides
-  two *public* methods (``__call__`` and ``connection_lost``): its class is switched
-  after aiohttp built it, as ``graceful._core.listeners`` does for listening sockets,
-  because ``AppRunner`` offers no way to choose the class; and the hot path's
-  dispatcher as its public ``request_handler``.
+* ``BaseRunner._make_server`` and ``_cleanup_server``, overridden: the first is where
+  the server aiohttp built is taken over (below), the second runs ``on_cleanup`` once,
+  as the last stopping step.
+* The ``aiohttp.web.Server`` the runner creates is copied into an instance of a
+  subclass that overrides two *public* methods (``__call__`` and ``connection_lost``),
+  because ``AppRunner`` offers no way to choose the class (``_tracking_copy``); and the
+  hot path's dispatcher is its public ``request_handler``.
 * The hot path (``graceful.aiohttp._hot``) relies on how aiohttp runs a request: in a
   task of its own, awaiting the ``request_handler``'s coroutine; the request is found
   among that task's coroutines' locals, by type.
-No aiohttp module or class is patched.
+No aiohttp module or class is patched.  ``docs/adapters.md`` ("Private names each
+adapter reads") lists these names with the releases they were checked against.
 """
 
 from __future__ import annotations
@@ -227,8 +230,8 @@ class AppRunner(web.AppRunner):
         for site in self.sites:
             server = getattr(site, "_server", None)  # aiohttp: the site's asyncio.Server
             # uvloop's Server is no asyncio.AbstractServer subclass (an isinstance test
-            # left uvloop's listeners open while draining): a listener is what has
-            # sockets and closes.
+            # would leave uvloop's listeners open while draining): a listener is what
+            # has sockets and closes.
             if not _is_listener(server) or site in self._adopted:
                 continue
             self._adopted[site] = server

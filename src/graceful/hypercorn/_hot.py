@@ -1,14 +1,16 @@
 """graceful.hypercorn's hot path: HTTP requests straight to the app while nothing shuts down.
 
-The ASGI middleware costs hypercorn about 18,000 instructions a request (its send
-wrapper is a coroutine every response message goes through; on trio every checkpoint
-inside a send resumes it).  So the app hypercorn is given is a plain function
+The ASGI middleware is costly on hypercorn's request path: its send wrapper is a
+coroutine every response message goes through, and on trio every checkpoint inside a
+send resumes it.  So the app hypercorn is given is a plain function
 (``HotPath.app``) that returns the coroutine of the application itself for an HTTP
 request to a path that is no health route while nothing shuts down — one flag, the
 scope's type and path, one integer — and the middleware's otherwise (websockets,
 lifespan, health routes, every request once shutdown was requested).  The
 ``DrainSignal`` reaches the application through the lifespan state, which hypercorn
-copies into every request's scope (``scope["state"]["graceful"]``).
+copies into every request's scope (``scope["state"]["graceful"]``).  What the hot path
+costs against stock hypercorn: ``benchmarks/server_instructions.py --server hypercorn``
+(``hypercorn-trio``), figures in ``docs/performance.md``.
 
 The requests in flight are counted where hypercorn runs them: each application call is a
 task of its own (asyncio's, or trio's, found from the root task) with a coroutine
@@ -21,15 +23,17 @@ middleware counts (a response sent, background work after it still counts).  Whe
 nudging begins, an adopted HTTP/1.1 request whose response has not started gets
 ``Connection: close`` from hypercorn itself: its connection's ``keep_alive_requests`` is
 raised to ``config.keep_alive_max_requests``, the limit at which hypercorn closes the
-connection after the response (HTTP/2 connections get a GOAWAY, as before).  At the cut,
-an adopted request whose response has not started is answered 503 through its stream's
-``app_send`` before the connections are cancelled.
+connection after the response (HTTP/2 connections get a GOAWAY: ``_Worker.nudge``).  At
+the cut, an adopted request whose response has not started is answered 503 through its
+stream's ``app_send`` before the connections are cancelled.
 
-hypercorn's (and h11's, h2's) names read here, public attributes of their objects, each
-guarded: ``ProtocolWrapper.protocol``, ``H11Protocol.stream``, ``connection`` and
+hypercorn's (and h11's, h2's) names read here, unprefixed attributes of their objects:
+``ProtocolWrapper.protocol``, ``H11Protocol.stream``, ``connection`` and
 ``keep_alive_requests``, ``H2Protocol.streams`` and ``connection``, ``HTTPStream.scope``,
 ``closed``, ``state``, ``stream_id`` and ``app_send``, h11's ``our_state``, h2's
-``H2Connection.streams`` and a stream's ``state_machine.headers_sent``.
+``H2Connection.streams`` and a stream's ``state_machine.headers_sent``; and the locals of
+hypercorn's ``task_group._handle`` (the finder).  ``docs/adapters.md`` ("Private names
+each adapter reads") lists them with the releases they were checked against.
 """
 
 from __future__ import annotations

@@ -5,10 +5,12 @@ their connections are local variables of hypercorn's ``worker_serve``, so nothin
 send a GOAWAY, find idle connections or cut a websocket at the coordinator's deadline.
 It assembles hypercorn's worker from the parts ``worker_serve`` uses and owns what that
 function keeps local.  ``_Worker`` is that worker for either backend: the server shape
-(``graceful._core.shape``) filled in for hypercorn's connections (``_hypercorn_connection``)
-— idle ones, HTTP/2 GOAWAY, hypercorn's own shutdown.  ``_hypercorn_asyncio`` and
-``_hypercorn_trio`` add the listeners, the connection tasks and lifespan;
-``docs/hypercorn.md`` ("How it is built") has the whole story.
+(``graceful._core.shape``) filled in for hypercorn's connections
+(``graceful.hypercorn._connection``) — idle ones, HTTP/2 GOAWAY, hypercorn's own
+shutdown.  ``graceful.hypercorn._asyncio`` and ``graceful.hypercorn._trio`` add the
+listeners, the connection tasks and lifespan; ``docs/hypercorn.md`` ("How it is built")
+has the whole story, and ``docs/adapters.md`` ("Private names each adapter reads") the
+names of hypercorn's and h2's this relies on.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@
 request straight to the application, past the middleware; ``tracking_class`` makes the
 protocol subclasses that count connections.  Neither replaces a method of uvicorn's or
 reads a private name of it: the seams are ``Config.loaded_app``, ``Config(http=…)`` and
-the server's task set.
+the server's task set.  The undocumented names of uvicorn's read here (``server_state``,
+a protocol's request ``cycle``) are listed, with the releases they were checked against,
+in ``docs/adapters.md`` ("Private names each adapter reads").
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def tracking_class(base: type[Any], server: Any, *, counts: bool) -> type[Any]:
     The subclass adds no instance attribute: uvicorn's httptools protocol has 28, and
     from 30 on CPython 3.11 no longer keeps an instance's attributes in the shared-key
     layout its attribute caches specialise on — every ``self.…`` in uvicorn's
-    per-request code would get slower (two more made about 1,800 instructions per
-    request, measured with ``benchmarks/server_instructions.py``).
+    per-request code would get slower (two attributes more cost about 1,800 instructions
+    a request, by ``benchmarks/server_instructions.py``).
     """
     base = getattr(base, "_graceful_base", base)
 
