@@ -4,7 +4,7 @@
     python tools/gen_configuration.py --check  # exit 1 if the page is out of date
 
 The page is never edited by hand: every option is declared once in
-``src/graceful/_options.py`` (``OPTIONS``) and everything here is read from those
+``src/graceful/_options/_table.py`` (``OPTIONS``) and everything here is read from those
 declarations — the flag, the variable, the default as ``--help`` shows it, the values the
 option's parser accepts (taken from the parser's own refusal of a value no parser
 accepts, so a new parser documents itself), the help line, where the value goes and
@@ -263,7 +263,7 @@ def render() -> str:
         "  - toc",  # the tables need the width
         "---",
         "",
-        f"<!-- Generated from src/graceful/_options.py by {COMMAND}: do not edit. -->",
+        f"<!-- Generated from src/graceful/_options/_table.py by {COMMAND}: do not edit. -->",
         "",
         "# Configuration",
         "",
