@@ -53,9 +53,9 @@ if TYPE_CHECKING:
     from ..hypercorn._worker import HypercornTrioWorker as HypercornTrioWorker
     from ..hypercorn._worker import HypercornUvloopWorker as HypercornUvloopWorker
     from ..hypercorn._worker import HypercornWorker as HypercornWorker
-    from ._wsgi import SyncWorker as SyncWorker
-    from ._wsgi import ThreadWorker as ThreadWorker
-    from ._wsgi import WSGIWorker as WSGIWorker
+    from ._pick import WSGIWorker as WSGIWorker
+    from ._sync import SyncWorker as SyncWorker
+    from ._thread import ThreadWorker as ThreadWorker
 
 __all__ = (
     "AiohttpWorker",
@@ -71,9 +71,9 @@ __all__ = (
 )
 
 _ELSEWHERE = {
-    "SyncWorker": "graceful.gunicorn._wsgi",
-    "ThreadWorker": "graceful.gunicorn._wsgi",
-    "WSGIWorker": "graceful.gunicorn._wsgi",
+    "SyncWorker": "graceful.gunicorn._sync",
+    "ThreadWorker": "graceful.gunicorn._thread",
+    "WSGIWorker": "graceful.gunicorn._pick",
     "AiohttpWorker": "graceful.aiohttp._worker",
     "HypercornWorker": "graceful.hypercorn._worker",
     "HypercornUvloopWorker": "graceful.hypercorn._worker",

@@ -1,5 +1,6 @@
-"""``graceful.gunicorn.SyncWorker`` and ``ThreadWorker``: gunicorn's ``sync`` and
-``gthread`` workers with a shutdown policy.
+"""What graceful's WSGI workers share: ``graceful.gunicorn.SyncWorker`` (``_sync``) and
+``ThreadWorker`` (``_thread``), gunicorn's ``sync`` and ``gthread`` workers with a
+shutdown policy, and ``WSGIWorker`` (``_pick``), which picks one by ``--threads``.
 
 gunicorn's workers stop accepting at SIGTERM: connections that kube-proxy or an
 ingress still sends for a second or more are refused once every worker is gone, and
@@ -38,17 +39,18 @@ The drain waits for the worker's own loop: from the start of draining the worker
 one request open in the coordinator (``request_started``; the log's counts include it)
 until it has served its backlog and gunicorn's loop has returned, so the coordinator
 never declares the drain done while accepted connections are still on their way.
+
+This module is their common base, ``_GracefulWSGIWorker``: everything above but how
+accepting stops, which each worker class says (``_stop_accepting``), and the answer
+both give a connection they cannot serve (``_refuse``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
-import errno
 import logging
 import math
 import os
-import select
 import signal
 import socket
 import struct
@@ -58,8 +60,6 @@ import time
 from typing import Any
 
 from gunicorn.arbiter import Arbiter
-from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
-from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
 from .. import _options as _config
 from .._core import deadlines as _deadlines
@@ -74,7 +74,6 @@ from ._master import check_in_master, master_listens
 
 logger = logging.getLogger("graceful")
 
-_AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 #: What a request the exit cuts before its response started is answered (not a bare
 #: EOF: a 503 tells the client the request was not served, and it may retry).
 _CUT_RESPONSE = (
@@ -374,159 +373,6 @@ class _GracefulWSGIWorker:
         self.graceful.join(float(self.cfg.graceful_timeout))
 
 
-class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
-    """gunicorn's ``sync`` worker following graceful's shutdown policy
-    (``-k graceful.gunicorn.SyncWorker``).
-
-    With ``--threads`` above 1 gunicorn itself replaces any worker named ``…SyncWorker``
-    by its stock ``gthread`` before importing it, so no code of graceful's runs: use
-    ``ThreadWorker``, or ``WSGIWorker``, which picks by ``--threads``.  Given as a class
-    (a config file's ``worker_class = SyncWorker``), gunicorn does not replace it, and
-    ``--threads`` above 1 is refused at start-up.
-    """
-
-    _draining = False
-    _running = False  # run() took over the listeners (see _stop_accepting)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._accept_lock = threading.Lock()
-
-    @classmethod
-    def check_config(cls, cfg: Any, log: Any) -> None:
-        threads = int(cfg.threads)
-        if threads > 1:
-            raise RuntimeError(
-                f"graceful: --threads {threads} with graceful.gunicorn.SyncWorker, which "
-                "serves one request at a time: use -k graceful.gunicorn.ThreadWorker (or "
-                "graceful.gunicorn.WSGIWorker, which picks by --threads)"
-            )
-        super().check_config(cfg, log)
-
-    def run(self) -> None:
-        for listener in self.sockets:
-            listener.setblocking(False)
-        self._held: list[tuple[Any, Any, Any]] = []  # swept at the stop, served here
-        with self._accept_lock:  # the loop's accept vs the stop's sweep
-            self._running = True
-            if self._draining:  # the stop came before the loop (while importing)
-                self._sweep()
-        self._start_if_signalled()
-        heartbeat = self.timeout or 0.5
-        while self.alive and not self._draining:
-            self.notify()
-            for listener in self._ready(heartbeat):
-                # As gunicorn's own loop: a heartbeat right before each accept, so that a
-                # request that arrives after an idle wait gets the whole of ``--timeout``.
-                self.notify()
-                if not self._accept(listener):
-                    break
-            if not self.is_parent_alive():
-                break
-        if self._draining:
-            self._serve_held()
-        self._loop_ended()
-
-    def _stop_accepting(self) -> None:
-        """In the coordinator's thread, at draining: take what the kernel queued and
-        close this worker's copy of the listeners at once, even while the worker's one
-        thread is inside a request.  A connection that arrives later finds a sibling
-        still accepting, or is refused (safe to retry) — not queued behind a busy worker
-        and reset at its exit.  The loop serves what was taken (``_serve_held``)."""
-        with self._accept_lock:
-            self._draining = True
-            if self._running:  # else run() sweeps when it starts
-                self._sweep()
-        with contextlib.suppress(OSError):
-            os.write(self.PIPE[1], b".")  # wake the loop's select
-
-    def _sweep(self) -> None:
-        """Take every connection queued on the listeners, then close them (with
-        ``_accept_lock`` held, the listeners non-blocking)."""
-        for listener in self.sockets:
-            closed = _ClosedListener(listener.getsockname())
-            while True:
-                try:
-                    client, address = listener.accept()
-                except OSError:
-                    break
-                self._held.append((closed, client, address))
-        for listener in self.sockets:
-            listener.close()
-
-    def _ready(self, timeout: float) -> list[Any]:
-        try:
-            ready, _, _ = select.select(self.wait_fds, [], [], timeout)
-        except (OSError, ValueError) as exc:  # a listener closed at the stop
-            if isinstance(exc, ValueError) or exc.errno in (errno.EINTR, errno.EBADF):
-                return []
-            raise
-        if self.PIPE[0] in ready:
-            try:
-                while os.read(self.PIPE[0], 4096):
-                    pass
-            except BlockingIOError:
-                pass
-        return [fd for fd in ready if not isinstance(fd, int)]  # the listeners, not the pipe
-
-    def _accept(self, listener: Any) -> bool:
-        """Accept and serve one connection; ``False`` if none was waiting or the stop
-        took the listeners."""
-        with self._accept_lock:
-            if self._draining:
-                return False
-            try:
-                client, address = listener.accept()
-            except OSError as exc:
-                if exc.errno in _AGAIN:
-                    return False
-                raise
-        client.setblocking(True)
-        self.handle(listener, client, address)
-        return True
-
-    def _serve_held(self) -> None:
-        """Serve the connections the stop took from the backlog, each only if a request
-        as long as the longest seen can still finish before the exit; a 503 (``Retry-
-        After``) to the others, never a cut or a reset."""
-        for listener, client, address in self._held:
-            self.notify()
-            if time.monotonic() + self._longest_request_s() < self._exit_at():
-                client.setblocking(True)
-                self.handle(listener, client, address)
-            else:
-                _refuse(client)
-        self._held.clear()
-        for listener in self.sockets:
-            listener.close()
-
-    def _longest_request_s(self) -> float:
-        """The longest request the coordinator measured, asked in its thread (its clock
-        is its event loop's; what still runs is this worker's own hold, not a request);
-        0 if it does not answer at once."""
-        answer: concurrent.futures.Future[float | None] = concurrent.futures.Future()
-        coordinator = self.coordinator
-        assert self.graceful is not None
-        self.graceful.call(lambda: answer.set_result(coordinator.longest_request_s(running=False)))
-        try:
-            return answer.result(timeout=0.2) or 0.0
-        except concurrent.futures.TimeoutError:
-            return 0.0
-
-
-class _ClosedListener:
-    """What gunicorn's ``handle`` asks of the listener a connection came from (its
-    address, for the WSGI environ) once the stop closed it."""
-
-    __slots__ = ("_name",)
-
-    def __init__(self, name: Any) -> None:
-        self._name = name
-
-    def getsockname(self) -> Any:
-        return self._name
-
-
 def _refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
     """Read what the client sent (bounded by ``timeout_s``), answer 503 with
     ``Connection: close``, close: its request was not served, and it may retry."""
@@ -548,99 +394,3 @@ def _refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
             pass
     with contextlib.suppress(OSError):
         client.close()
-
-
-class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[misc]
-    """gunicorn's ``gthread`` worker following graceful's shutdown policy
-    (``-k graceful.gunicorn.ThreadWorker``).
-
-    gunicorn's loop, thread pool and keep-alive handling are kept.  At SIGTERM the worker
-    keeps accepting while the coordinator asks the policy; responses carry ``Connection:
-    close`` (kept-alive clients reconnect, to a new pod once the load balancer knows).
-    Once draining begins gunicorn's own stop runs: the connections already queued are
-    accepted first (gunicorn 24+), in-flight requests finish, idle kept-alive
-    connections are closed.
-    """
-
-    def _prestop_waits(self) -> bool:
-        return int(self.cfg.threads) > 1
-
-    def enqueue_req(self, conn: Any) -> None:
-        """gunicorn hands a connection to its thread pool: it waits for a thread until
-        ``handle`` takes it (``_cut_waiting`` answers it if the exit comes first)."""
-        self._waiting[id(conn)] = conn
-        super().enqueue_req(conn)
-
-    def handle(self, conn: Any) -> Any:
-        self._waiting.pop(id(conn), None)
-        return super().handle(conn)
-
-    def _cut_waiting(self) -> int:
-        waiting = list(getattr(self, "_waiting", {}).values())
-        for conn in waiting:
-            _refuse(conn.sock, timeout_s=0.0)
-        return len(waiting)
-
-    def run(self) -> None:
-        self._waiting: dict[int, Any] = {}  # connections waiting for a thread
-        self._start_if_signalled()
-        try:
-            super().run()
-        finally:
-            self._loop_ended()
-
-    def handle_quit(self, sig: int, frame: Any) -> None:
-        """SIGINT, SIGQUIT: stop at once.  gunicorn's ``sys.exit`` here would wait for
-        the pool's threads, so a request that runs on would hold the worker."""
-        self.cfg.worker_int(self)
-        logging.shutdown()
-        os._exit(0)
-
-    def _stop_accepting(self) -> None:
-        self.alive = False  # gunicorn's loop stops accepting and drains
-        wake = getattr(getattr(self, "method_queue", None), "defer", None)
-        if wake is not None:  # gunicorn 24+: wake the loop now, not within 1 s
-            wake(lambda: None)
-
-    def set_accept_enabled(self, enabled: bool) -> None:
-        """gunicorn 24+: before the listeners leave the loop at the stop, accept what
-        already waits in the backlog (the stock worker leaves it to be reset), then
-        close this worker's copy of the listeners at once.  gunicorn's stop keeps them
-        open until the last request ends: a connection queued meanwhile was reset at
-        that close, after its client had sent its request; closed now, a sibling that
-        still accepts takes it, or, with none left, the connect is refused (safe to
-        retry)."""
-        draining = not enabled and self.coordinator.draining
-        if draining:
-            for listener in self.sockets:
-                for _ in range(self.cfg.worker_connections):
-                    if self.nr_conns >= self.cfg.worker_connections:
-                        break
-                    before = self.nr_conns
-                    self.accept(listener)
-                    if self.nr_conns == before:  # nothing was waiting
-                        break
-        super().set_accept_enabled(enabled)
-        if draining:
-            for listener in self.sockets:
-                listener.close()  # gunicorn closes them again at the end: a no-op
-
-
-class WSGIWorker(_StockSyncWorker):  # type: ignore[misc]
-    """``-k graceful.gunicorn.WSGIWorker``: ``SyncWorker`` with ``--threads 1`` (the
-    default), ``ThreadWorker`` with more — one name for every ``--threads``.  gunicorn
-    replaces a class named ``…SyncWorker`` by its stock ``gthread`` when ``--threads`` is
-    above 1; this name it leaves alone.  Instances are of the class picked."""
-
-    @staticmethod
-    def picked(cfg: Any) -> type[SyncWorker] | type[ThreadWorker]:
-        """The worker class for gunicorn's configuration ``cfg``."""
-        return ThreadWorker if int(cfg.threads) > 1 else SyncWorker
-
-    @classmethod
-    def check_config(cls, cfg: Any, log: Any) -> None:
-        cls.picked(cfg).check_config(cfg, log)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        cfg = kwargs["cfg"] if "cfg" in kwargs else args[5]  # gunicorn's Worker signature
-        return cls.picked(cfg)(*args, **kwargs)
