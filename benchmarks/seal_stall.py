@@ -51,7 +51,10 @@ from _common import ROOT  # benchmarks/ is on sys.path when run as a script
 MEASURE = textwrap.dedent(
     """
     import asyncio, json, socket, sys, time
-    from graceful import _listeners
+    try:
+        from graceful._core import listeners as _listeners
+    except ImportError:  # --src of a tree from before the wings (issue 30)
+        from graceful import _listeners
 
     class Count:
         def connection_opened(self): pass

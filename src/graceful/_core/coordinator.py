@@ -6,25 +6,20 @@ Adapters (the uvicorn server, the ASGI middleware, the asyncio server, …) *rep
 coordinator through the adapter API — a connection handed over by the kernel or closed, a
 request started or finished, a session began, activity seen — and *obey* it: they
 subscribe to phase changes, close their listener at ``DRAINING`` and register *stopping
-steps* that cut what is left.  The coordinator is assembled from small parts, each with
-its own essay:
+steps* that cut what is left.  The coordinator is assembled from small parts of
+``graceful._core``, each with its own essay:
 
-* ``graceful._core.tracking`` — the counters and ``graceful.Session``, the hot path;
-* ``graceful._core.phases`` — the pure phase/escalation table;
-* ``graceful._core.deadlines`` — the pure deadline arithmetic;
-* ``graceful._core.hooks`` — running user code bounded;
-* ``graceful._core.signals`` — one signal helper for everything;
-* ``graceful._core.engine`` — the machinery that runs the phases: the ``run`` task, queued
-  phase changes, deadlines, stopping, waiting, the hard-exit watchdog;
+* ``tracking`` (and ``sessions``) — the counters and ``graceful.Session``, the hot path;
+* ``phases`` — the pure phase/escalation table; ``deadlines`` — the deadline arithmetic;
+* ``hooks`` — running user code bounded; ``signals`` — one signal helper for everything;
+* ``engine`` (built on ``machine`` and ``timetable``) — the machinery that runs the
+  phases: the ``run`` task, queued phase changes, deadlines, stopping, waiting, the
+  hard-exit watchdog, the ``statistics`` snapshot;
+* ``checks`` — the checks of the arguments, each error naming the argument;
 * this module — the facade that ties them together.
 
-The facade and the engine
--------------------------
-What a user or an adapter sees — the configuration, the phase, the reporting and
-waiting calls, the registries of listeners, hooks and stopping steps, the statistics —
-is ``ShutdownCoordinator``, kept short enough to read in one screen.  It owns a
-``graceful._core.engine.PhaseEngine`` and hands it every long body; the start-up line,
-which states the configuration, stays here.  The hot path is not delegated:
+The facade hands every long body to its ``PhaseEngine``, to read in one screen; the
+start-up line, which states the configuration, stays here.  The hot path is not delegated:
 ``connection_opened``, ``request_started`` and the rest are ``Tracking``'s own methods,
 inherited, so a request costs no extra call for the split.
 """
@@ -33,8 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
 from collections.abc import Awaitable, Callable, Collection
 from typing import Final
 
@@ -44,71 +37,23 @@ from typing_extensions import final
 
 from . import deadlines as _deadlines
 from . import logging as _logging
+from .checks import GRACE_PERIOD_ENV as GRACE_PERIOD_ENV
+from .checks import _check_callable, _check_kill_margin, _check_phase, _check_policy, _grace_period
+from .checks import _check_signals as _check_signals  # the adapters import it from here
 from .deadlines import Deadlines
-from .engine import DUPLICATE_WINDOW_S as DUPLICATE_WINDOW_S  # the tests import it from here
-from .engine import Background, PhaseEngine, PhaseListener, _check_callable
-from .engine import ShutdownStatistics as ShutdownStatistics
+from .engine import Background, PhaseEngine
 from .hooks import Hook
-from .policy import (
-    AcceptUntilIdle,
-    Phase,
-    Policy,
-    _check_bool,
-    _check_optional_seconds,
-    _check_seconds,
-)
+from .machine import DUPLICATE_WINDOW_S as DUPLICATE_WINDOW_S  # the tests import it from here
+from .machine import PhaseListener
+from .policy import Phase, Policy, _check_bool, _check_seconds
+from .sessions import Session
 from .signals import QUICK_SIGNALS, in_terminal_foreground
-from .tracking import Session, Tracking
+from .statistics import ShutdownStatistics
+from .tracking import Tracking
 
 __all__ = ("GRACE_PERIOD_ENV", "Session", "ShutdownCoordinator", "ShutdownStatistics")
 
 logger: Final = logging.getLogger("graceful")
-
-#: Environment variable holding the grace period (seconds before SIGKILL).
-GRACE_PERIOD_ENV: Final = "GRACEFUL_GRACE_PERIOD"
-
-
-def _check_policy(policy: object) -> Policy:
-    """``policy``, ``AcceptUntilIdle()`` for ``None``; else a ``TypeError``."""
-    if policy is None:
-        return AcceptUntilIdle()
-    if not isinstance(policy, Policy):
-        raise TypeError(
-            "policy must be a graceful Policy instance (graceful.AcceptUntilIdle(), "
-            "graceful.ServeUntilKilled(), graceful.RefuseImmediately() or "
-            "graceful.policy_from_name(...)) or None, got "
-            f"{type(policy).__name__} {policy!r}"
-        )
-    return policy
-
-
-def _check_kill_margin(kill_margin_s: float, grace_period_s: float | None) -> float:
-    """``kill_margin_s``, checked: seconds, less than half the grace period (the process
-    is out the margin before SIGKILL, and stopping begins the margin before that)."""
-    margin = _check_seconds("kill_margin_s", kill_margin_s)
-    if grace_period_s is not None and 2 * margin >= grace_period_s:
-        raise ValueError(
-            f"kill_margin_s ({margin:g}) must be less than half grace_period_s "
-            f"({grace_period_s:g}): the process is out the margin before SIGKILL, and "
-            "stopping begins the margin before that"
-        )
-    return margin
-
-
-def _grace_period(grace_period_s: float | None) -> float | None:
-    """The grace period given, else ``GRACEFUL_GRACE_PERIOD``'s, else ``None``; checked."""
-    if grace_period_s is not None:
-        return _check_optional_seconds("grace_period_s", grace_period_s)
-    env = os.environ.get(GRACE_PERIOD_ENV, "").strip()
-    if not env:
-        return None
-    try:
-        value = float(env)
-    except ValueError:
-        raise ValueError(
-            f"{GRACE_PERIOD_ENV} must be a finite number of seconds > 0, got {env!r}"
-        ) from None
-    return _check_seconds(GRACE_PERIOD_ENV, value)
 
 
 @final
@@ -135,7 +80,7 @@ class ShutdownCoordinator(Tracking):
             process at once with status 1.  Off by default: only a program that owns
             the process should exit it.
         hard_exit: End the process at the last moment before the kill deadline if it
-            is still alive then (see ``graceful._core.engine``); for programs that own the
+            is still alive then (see ``graceful._core.timetable``); for programs that own the
             process.
     """
 
@@ -377,9 +322,7 @@ class ShutdownCoordinator(Tracking):
         Returns:
             ``True`` if it did, ``False`` if ``timeout_s`` elapsed first.
         """
-        if not isinstance(phase, Phase):
-            allowed = ", ".join(f"Phase.{p.name}" for p in Phase)
-            raise TypeError(f"phase must be one of {allowed}, got {type(phase).__name__} {phase!r}")
+        _check_phase(phase)
         return await self._engine.wait_until(lambda: self._engine.phase >= phase, timeout_s)
 
     async def wait_drained(
@@ -460,20 +403,6 @@ def _check_coordinator(coordinator: object) -> ShutdownCoordinator:
     return coordinator
 
 
-def _check_signals(name: str, signums: object) -> tuple[int, ...]:
-    """``signums`` as a tuple of signal numbers, else an error naming ``name``."""
-    if not isinstance(signums, (tuple, list, set, frozenset)):
-        raise TypeError(
-            f"{name} must be a tuple of signal numbers (signal.SIGQUIT, …), got "
-            f"{type(signums).__name__} {signums!r}"
-        )
-    valid = set(signal.valid_signals())
-    for signum in signums:
-        if isinstance(signum, bool) or signum not in valid:
-            raise ValueError(f"{name}: {signum!r} is not a signal number (signal.SIGTERM, …)")
-    return tuple(signums)
-
-
 def _announce(policy: Policy, grace_period_s: float | None, engine: PhaseEngine) -> None:
     """The start-up line: the policy and where the kill deadline comes from.  Without one
     configured or coming from a watcher, Kubernetes' default is planned for, which may be
@@ -495,8 +424,7 @@ def _announce(policy: Policy, grace_period_s: float | None, engine: PhaseEngine)
     else:
         logger.warning(
             "policy %s; no kill deadline known (set --grace-period, grace_period_s= or %s): "
-            "assuming "
-            "Kubernetes' default of %g s at shutdown (docker stop and Cloud Run give "
+            "assuming Kubernetes' default of %g s at shutdown (docker stop and Cloud Run give "
             "10 s, ECS 30 s, systemd 90 s)",
             described,
             GRACE_PERIOD_ENV,

@@ -41,8 +41,9 @@ A waiter (``wait_drained``, the drain loop) needs to hear when a count reaches z
 any phase.  Notifying at every zero would cost an event per request on an idle server,
 so the counters notify only while someone waits for it (``_zero_waiters > 0``).
 
-``Tracking`` is the base class of ``graceful.ShutdownCoordinator``; the
-coordinator's other half (phases, deadlines, the ``run`` task) lives in
+``Tracking`` is the base class of ``graceful.ShutdownCoordinator``; the context managers
+it hands out (``Session``, the request tracker) are in ``graceful._core.sessions``, the
+coordinator's other half (phases, deadlines, the ``run`` task) in
 ``graceful._core.engine``, behind the facade in ``graceful._core.coordinator``.
 """
 
@@ -50,13 +51,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 from collections.abc import Callable
-from types import TracebackType
 
 import anyio
 import anyio.lowlevel
-from typing_extensions import final
+
+from .sessions import Session, _RequestTracker
 
 __all__ = ("Session", "Tracking", "is_probe")
 
@@ -73,82 +73,7 @@ def is_probe(user_agent: bytes | str | None) -> bool:
     return user_agent.startswith(PROBE_USER_AGENT)
 
 
-logger = logging.getLogger("graceful")
-
 _WINDOW = 32  # the estimate is the longest of the last 32 to 64 samples
-
-
-@final
-class _RequestTracker:
-    """The reusable context manager behind ``Tracking.track_request`` (one per
-    coordinator, so tracking a request allocates nothing)."""
-
-    __slots__ = ("_c",)
-
-    def __init__(self, coordinator: Tracking) -> None:
-        self._c = coordinator
-
-    def __enter__(self) -> None:
-        self._c._requests_total += 1
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        c = self._c
-        c._requests_done += 1
-        if c._zero_waiters and c._requests_done == c._requests_total:
-            c._notify()
-
-
-@final
-class Session:
-    """A long-lived session (websocket, streaming response) registered with a coordinator.
-
-    Returned by ``graceful.ShutdownCoordinator.track_session``; use it as a context
-    manager around the session.  ``on_drain`` is called once when draining begins (or at
-    once if it already has) so the session can finish its current message and end.  It
-    may be called from an event-loop callback rather than a task, so it must only
-    *signal* (set an event, a flag) — never start tasks or await.
-    """
-
-    __slots__ = ("_c", "_on_drain", "drain_requested")
-
-    def __init__(self, coordinator: Tracking, on_drain: Callable[[], None] | None) -> None:
-        self._c = coordinator
-        self._on_drain = on_drain
-        #: ``True`` once the coordinator asked this session to end.
-        self.drain_requested = False
-
-    def __enter__(self) -> Session:
-        c = self._c
-        c._sessions.add(self)
-        if c._draining:
-            self._request_drain()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        c = self._c
-        c._sessions.discard(self)
-        if c._zero_waiters and not c._sessions:
-            c._notify()
-
-    def _request_drain(self) -> None:
-        if self.drain_requested:
-            return
-        self.drain_requested = True
-        if self._on_drain is not None:
-            try:
-                self._on_drain()
-            except Exception:
-                logger.exception("session drain callback %r failed", self._on_drain)
 
 
 class Tracking:
@@ -156,7 +81,7 @@ class Tracking:
 
     # Slots, not the instance dict: the coordinator has more attributes than CPython's
     # shared-key dicts hold (30), so dict attributes would be looked up by hash on every
-    # request; slot access stays a fixed offset (about 200 instructions less per request).
+    # request; slot access stays a fixed offset (``benchmarks/instructions.py``, "tracked").
     __slots__ = (
         "__dict__",
         "__weakref__",
