@@ -66,8 +66,16 @@ OPTIONAL_ADAPTERS = (
     "aiohttp/_setup.py",
     "aiohttp/_hot.py",
     "aiohttp/_runner.py",
-    "kubernetes.py",
-    "metrics.py",
+    "kubernetes/__init__.py",
+    "kubernetes/_api.py",
+    "kubernetes/_pod.py",
+    "kubernetes/_watch.py",
+    "metrics/__init__.py",
+    "metrics/_collector.py",
+    "metrics/_exposition.py",
+    "metrics/_multiprocess.py",
+    "metrics/_prometheus.py",
+    "metrics/_registry.py",
 )
 
 #: Expressions bound to a coordinator: these names, and any ``<x>.<attribute>`` below.

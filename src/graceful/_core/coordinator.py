@@ -18,7 +18,8 @@ steps* that cut what is left.  The coordinator is assembled from small parts of
 * ``checks`` — the checks of the arguments, each error naming the argument;
 * this module — the facade that ties them together.
 
-The facade hands every long body to its ``PhaseEngine``, to read in one screen; the
+The facade hands every long body to its ``PhaseEngine``, so each of its methods is a
+few lines (the module is not short: the public API's docstrings are most of it); the
 start-up line, which states the configuration, stays here.  The hot path is not delegated:
 ``connection_opened``, ``request_started`` and the rest are ``Tracking``'s own methods,
 inherited, so a request costs no extra call for the split.

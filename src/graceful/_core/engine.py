@@ -4,8 +4,8 @@ Why a room of its own
 ---------------------
 ``ShutdownCoordinator`` is what users and adapters see: the configuration, the phase,
 the reporting calls, the registries, the statistics.  What *moves* the phase is
-``PhaseEngine``, so that the facade reads in one screen and this part can be read on its
-own.  Each coordinator owns one and delegates to it; the engine reads the coordinator's
+``PhaseEngine``, so that each of the facade's methods stays a few lines and this part
+can be read on its own.  Each coordinator owns one and delegates to it; the engine reads the coordinator's
 counters and configuration and flips the flags its hot path reads (``_draining``,
 ``_nudging``: see ``graceful._core.tracking``).  The hot path itself never comes through
 here.  ``PhaseEngine`` is one object built of three classes, each in its module:

@@ -23,7 +23,7 @@ SIGQUIT stops at once; with one, no handler is installed.
 
 ``docs/hypercorn.md`` has the details: what changes against stock hypercorn, HTTP/2 and
 GOAWAY, and how the worker is built from hypercorn's parts (the private
-``graceful._hypercorn_*`` modules).
+modules of this package: ``_server``, ``_connection``, ``_hot``, ``_asyncio``, ``_trio``).
 """
 
 from __future__ import annotations
