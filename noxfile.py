@@ -18,11 +18,11 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 #: The tests that depend most on the server's version.
 SERVER_TESTS = [
-    "tests/integration/test_gunicorn.py",
-    "tests/integration/test_uvicorn.py",
-    "tests/integration/test_uvicorn_hot_path.py",
-    "tests/integration/test_server_matrix.py",
-    "tests/integration/test_cli.py",
+    "tests/gunicorn/test_gunicorn.py",
+    "tests/uvicorn/test_uvicorn.py",
+    "tests/uvicorn/test_uvicorn_hot_path.py",
+    "tests/matrix/test_server_matrix.py",
+    "tests/cli/test_cli.py",
 ]
 
 

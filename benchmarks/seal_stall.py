@@ -139,7 +139,7 @@ CONNECTIONS = textwrap.dedent(
 
 #: A graceful.asyncio server on its own SO_REUSEPORT socket, refusing at SIGTERM (the
 #: one the seal's tests run).
-REUSEPORT_SERVER = str(ROOT / "tests" / "integration" / "reuseport_server.py")
+REUSEPORT_SERVER = str(ROOT / "tests" / "support" / "reuseport_server.py")
 
 
 def _server(src: str | None, port: int) -> tuple[subprocess.Popen[str], int]:

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
 
 import pytest
 from hypothesis import settings
+
+from tests.support.servers import RawHTTP, ServerProcess
 
 # gunicorn 27 gives every master a control socket, by default at one path per user
 # (~/.gunicorn/gunicorn.ctl): masters started at once by parallel tests race to bind it
@@ -43,3 +46,14 @@ def anyio_backend(request: pytest.FixtureRequest) -> Any:
 def virtual_time(anyio_backend: Any) -> bool:
     """Whether the test runs on the virtual clock (exact timings can be asserted)."""
     return isinstance(anyio_backend, tuple)
+
+
+@pytest.fixture
+def servers() -> Iterator[list[ServerProcess]]:
+    """The servers a test started: each stopped at teardown, with the clients' sockets
+    (a test module may define its own, checking more)."""
+    started: list[ServerProcess] = []
+    yield started
+    RawHTTP.close_all()
+    for server in started:
+        server.stop()

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from integration.servers import POLICIES, RawHTTP, ServerProcess, graceful_run, wait_for
+from tests.support.servers import POLICIES, RawHTTP, ServerProcess, graceful_run, wait_for
 
 #: The longest any example may take from SIGTERM to its exit.
 EXIT_DEADLINE_S = 15.0

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ._harness import Harness, close_all_clients
+from tests.support.harness import Harness, close_all_clients
 
 RESULTS = Path(__file__).with_name(".results.json")
 _KEY = pytest.StashKey[list[str]]()

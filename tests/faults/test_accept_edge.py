@@ -16,9 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from integration.servers import ServerProcess
-
-from ._harness import (
+from tests.support.harness import (
     Client,
     Harness,
     collect,
@@ -30,6 +28,7 @@ from ._harness import (
     wait_for,
     worker_pids,
 )
+from tests.support.servers import ServerProcess
 
 POLICY_OPTIONS = {
     "accept-until-idle": ["--policy", "accept-until-idle", "--idle", "0"],

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ._harness import ACCEPTING, APP, RUNNING, Client, Harness
+from tests.support.harness import ACCEPTING, APP, RUNNING, Client, Harness
 
 HUGE = "9" * 30
 
@@ -40,7 +40,7 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
      "--idle"),
     ("prestop-path-no", ["--prestop-path", "no"], {}, "--prestop-path"),
     ("nudge-clients-not-a-boolean", ["--nudge-clients", "maybe"], {}, "--nudge-clients"),
-    ("app-without-colon", ["tests.faults.apps.basic"], {}, "MODULE:APP"),
+    ("app-without-colon", ["tests.support.fault_apps.basic"], {}, "MODULE:APP"),
     ("env-idle-not-a-number", [], {"GRACEFUL_IDLE": "abc"}, "GRACEFUL_IDLE"),
     ("env-idle-negative", [], {"GRACEFUL_IDLE": "-1"}, "GRACEFUL_IDLE"),
     ("env-drain-timeout-nan", [], {"GRACEFUL_DRAIN_TIMEOUT": "nan"}, "GRACEFUL_DRAIN_TIMEOUT"),

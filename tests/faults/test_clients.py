@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ._harness import (
+from tests.support.harness import (
     DRAINING,
     Client,
     Harness,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ._harness import STOPPED, Client, Harness
+from tests.support.harness import STOPPED, Client, Harness
 
 GRACE = ["--policy", "refuse-immediately", "--grace-period", "4", "--kill-margin", "1"]
 OUT_BY_S = 3.0  # the kill margin's promise: out 1 s before the SIGKILL at 4 s

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from integration.servers import ServerProcess
-
-from ._harness import (
+from tests.faults.test_wsgi_workers import answered_and_closed
+from tests.support.harness import (
     ACCEPTING,
     DRAINING,
     GUNICORN_LISTENING,
@@ -37,14 +36,14 @@ from ._harness import (
     wait_for,
     worker_pids,
 )
-from .test_wsgi_workers import answered_and_closed
+from tests.support.servers import ServerProcess
 
 pytest.importorskip("gunicorn")
 
-AIOHTTP_APP = "tests.integration.aiohttp_apps.app:app"
-ASGI_APP = "tests.faults.apps.basic:app"
-FLASK = "tests.integration.wsgi_apps.flask_app:app"
-DJANGO = "tests.integration.wsgi_apps.django_app:application"
+AIOHTTP_APP = "tests.support.aiohttp_apps.app:app"
+ASGI_APP = "tests.support.fault_apps.basic:app"
+FLASK = "tests.support.wsgi_apps.flask_app:app"
+DJANGO = "tests.support.wsgi_apps.django_app:application"
 THREADS = ["--threads", "4"]
 SLOW_STARTED = r"started|slow request started"
 
@@ -108,7 +107,7 @@ def test_a_late_relay_of_sigterm_is_not_an_escalation(
     pytest.importorskip(
         {"HypercornWorker": "hypercorn", "AiohttpWorker": "aiohttp"}.get(worker, "uvicorn")
     )
-    app = AIOHTTP_APP if worker == "AiohttpWorker" else "tests.faults.apps.basic:app"
+    app = AIOHTTP_APP if worker == "AiohttpWorker" else "tests.support.fault_apps.basic:app"
     server = harness.gunicorn(
         "--graceful-timeout", "10", app=app, worker_class=worker, env={"GRACEFUL_IDLE": "0.5"},
         wait=False,
@@ -378,7 +377,7 @@ def test_a_worker_is_out_by_the_kill_margin_whatever_the_app_does(
     SIGKILLs it (it did, 0.03 s after the worker's late exit)."""
     pytest.importorskip("hypercorn" if worker == "HypercornWorker" else "uvicorn")
     server = harness.gunicorn(
-        "--graceful-timeout", "4", app="tests.faults.apps.basic:app", worker_class=worker,
+        "--graceful-timeout", "4", app="tests.support.fault_apps.basic:app", worker_class=worker,
         env={"GRACEFUL_POLICY": "refuse-immediately"}, wait=False,
     )  # fmt: skip
     server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20)[1])

@@ -15,7 +15,15 @@ from collections.abc import Callable
 
 import pytest
 
-from ._harness import DRAINING, Client, Harness, handled, signal_pending, stopped, wait_for
+from tests.support.harness import (
+    DRAINING,
+    Client,
+    Harness,
+    handled,
+    signal_pending,
+    stopped,
+    wait_for,
+)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ._harness import (
+from tests.support.harness import (
     AsyncClients,
     Harness,
     handled,

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from graceful._core.coordinator import DUPLICATE_WINDOW_S
-from integration.servers import RawHTTP, ServerProcess
-
-from ._harness import ACCEPTING, STOPPED, Client, Harness, tracebacks
+from tests.support.harness import ACCEPTING, STOPPED, Client, Harness, tracebacks
+from tests.support.servers import RawHTTP, ServerProcess
 
 OPTIONS = ["--policy", "accept-until-idle", "--idle", "1", "--grace-period", "10"]
 #: dumb-init, from its wheel (the test extra), beside this interpreter.
@@ -239,7 +238,7 @@ GROUP_CASES = {
         GUNICORN_LISTENING,
     ),
     "gunicorn AiohttpWorker": (
-        _gunicorn("graceful.gunicorn.AiohttpWorker", "tests.integration.aiohttp_apps.app:app"),
+        _gunicorn("graceful.gunicorn.AiohttpWorker", "tests.support.aiohttp_apps.app:app"),
         GUNICORN_LISTENING,
     ),
     "graceful run": (_graceful_run(), RUN_LISTENING),
@@ -318,7 +317,7 @@ PRESTOP_CASES = {
         ["examples.asgi_app:app", "--server", "hypercorn"],
         r"Running on http://127\.0\.0\.1:(\d+)",
     ),
-    "aiohttp": (["tests.integration.aiohttp_apps.app:app", "--server", "aiohttp"], RUN_LISTENING),
+    "aiohttp": (["tests.support.aiohttp_apps.app:app", "--server", "aiohttp"], RUN_LISTENING),
 }
 
 

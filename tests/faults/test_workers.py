@@ -18,9 +18,17 @@ from collections.abc import Callable
 
 import pytest
 
-from integration.servers import ServerProcess
-
-from ._harness import Client, Harness, alive, children, collect, outcomes, summarize, wait_for
+from tests.support.harness import (
+    Client,
+    Harness,
+    alive,
+    children,
+    collect,
+    outcomes,
+    summarize,
+    wait_for,
+)
+from tests.support.servers import ServerProcess
 
 OPTIONS = ["--policy", "accept-until-idle", "--idle", "0.5", "--grace-period", "10"]
 

@@ -1,7 +1,7 @@
 """WSGI workers: gunicorn's sync and gthread with graceful's policies.
 
 ``graceful.gunicorn.SyncWorker`` and ``ThreadWorker`` serving a WSGI app
-(``tests/faults/apps/wsgi.py``) under a real gunicorn master: the accept edge, kept-alive
+(``tests/support/fault_apps/wsgi.py``) under a real gunicorn master: the accept edge, kept-alive
 connections, the kill deadline (a request that sleeps, one that holds the GIL), signals
 and bad settings.  An app that already holds the GIL when SIGTERM arrives keeps the
 worker from acting on it at all: then gunicorn's SIGKILL at ``--graceful-timeout`` ends
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ._harness import (
+from tests.support.harness import (
     WSGI_APP,
     Client,
     Harness,
@@ -236,7 +236,7 @@ def test_sigterm_while_the_app_is_imported(
     worker starts the policy once it serves and exits 0"""
     server = harness.gunicorn(
         "--graceful-timeout", "10", *options(worker),
-        app="tests.faults.apps.wsgi_slow_import:app", worker_class=worker,
+        app="tests.support.fault_apps.wsgi_slow_import:app", worker_class=worker,
         env=POLICY_ENV["refuse-immediately"], wait=False,
     )  # fmt: skip
     server.wait_for_line(r"importing app")

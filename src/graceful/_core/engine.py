@@ -5,10 +5,10 @@ Why a room of its own
 ``ShutdownCoordinator`` is what users and adapters see: the configuration, the phase,
 the reporting calls, the registries, the statistics.  What *moves* the phase is
 ``PhaseEngine``, so that each of the facade's methods stays a few lines and this part
-can be read on its own.  Each coordinator owns one and delegates to it; the engine reads the coordinator's
-counters and configuration and flips the flags its hot path reads (``_draining``,
-``_nudging``: see ``graceful._core.tracking``).  The hot path itself never comes through
-here.  ``PhaseEngine`` is one object built of three classes, each in its module:
+can be read on its own.  Each coordinator owns one and delegates to it; the engine reads
+the coordinator's counters and configuration and flips the flags its hot path reads
+(``_draining``, ``_nudging``: see ``graceful._core.tracking``).  The hot path itself
+never comes through here.  ``PhaseEngine`` is one object built of three classes, each in its module:
 
 * ``graceful._core.timetable.Timetable`` — the deadlines, the statistics snapshot, the
   hard-exit watchdog;

@@ -2,7 +2,7 @@
 
 ``graceful.ShutdownCoordinator`` owns a ``PhaseEngine`` (``graceful._core.engine``) and
 hands itself in; the engine never imports the coordinator — not even for typing, which
-would close an import cycle (``tests/unit/test_import_graph.py`` counts ``TYPE_CHECKING``
+would close an import cycle (``tests/core/test_import_graph.py`` counts ``TYPE_CHECKING``
 imports).  So what the engine touches is written down here, checked by mypy where the
 coordinator hands itself in:
 

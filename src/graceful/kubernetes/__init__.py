@@ -82,7 +82,7 @@ from ._pod import (
     kill_deadline,
     pod_identity,
 )
-from ._pod import _timestamp as _timestamp  # tests/unit/test_kubernetes.py
+from ._pod import _timestamp as _timestamp  # tests/kubernetes/test_pod.py
 from ._watch import slice_resource, watch_endpoints
 
 if TYPE_CHECKING:
