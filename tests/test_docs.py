@@ -258,6 +258,13 @@ def test_kubernetes_example_is_valid() -> None:
         container["readinessProbe"]["httpGet"]["path"] == _config.option("readiness_path").default
     )
     assert container["livenessProbe"]["httpGet"]["path"] == _config.option("liveness_path").default
+    # The probes on the management port, the Service on the app's only.
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports["management"] == int(environ["GRACEFUL_MANAGEMENT_PORT"]) != ports["http"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["port"] == "management"
+    service = yaml.safe_load((ROOT / "examples" / "kubernetes" / "service.yaml").read_text())
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == ["http"]
 
 
 def _deployment_commands() -> Iterator[tuple[str, list[str]]]:

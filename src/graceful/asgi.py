@@ -7,39 +7,20 @@
     # Starlette:  Middleware(GracefulMiddleware, coordinator=coordinator)
     # FastAPI:    app.add_middleware(GracefulMiddleware, coordinator=coordinator)
 
-What it does per scope type
----------------------------
-``http``
-    Counted as an in-flight request for the whole ASGI call.  While the coordinator
-    nudges (accepting, if the policy says so, and always while draining), HTTP/1.x
-    responses get ``Connection: close`` so keep-alive clients reconnect — through the load
-    balancer, to another backend.  Never on HTTP/2 or HTTP/3, where the header is illegal
-    and servers drop it; there the server adapter sends GOAWAY.
-``websocket``
-    Counted as a session.  When draining begins the app has ``websocket_close_grace_s`` to
-    close by itself; then the middleware sends a close frame with code 1001 (going away),
-    and the server delivers ``websocket.disconnect`` to the app once the client answers.
-``lifespan``
-    Passed through; readiness answers 503 until startup completed (when the server runs
-    lifespan at all).
+``http`` scopes count as in-flight requests, and HTTP/1.x responses get ``Connection:
+close`` while the coordinator nudges (never on HTTP/2 or 3, where the server sends
+GOAWAY); ``websocket`` scopes count as sessions, closed with 1001 once draining has
+lasted ``websocket_close_grace_s``; ``lifespan`` passes through, readiness answering 503
+until startup completed.  Streaming handlers find the ``DrainSignal`` with
+``drain_signal(scope)`` (the lifespan ``state`` servers copy into every request's scope,
+and ``scope["extensions"]["graceful"]``, deprecated for direct reading).
 
-Streaming handlers (SSE, long polls) find the ``DrainSignal`` with ``drain_signal(scope)``
-to learn that draining began and how long is left, so they can end the stream cleanly.
-It is put in the lifespan ``state`` (servers copy it into every request's
-``scope["state"]``: ``scope["state"]["graceful"]``) and, by the middleware, in
-``scope["extensions"]["graceful"]`` — deprecated for direct reading: graceful's uvicorn
-and hypercorn servers do not put it there on their hot paths.
-
-Health endpoints (configurable paths, ``None`` disables one):
-
-* readiness (default ``/readyz``): 200 while serving, 503 from the moment shutdown is
-  requested — health-checking load balancers deprogram the backend;
-* liveness (default ``/livez``): 200 until stopped;
-* metrics (default off, e.g. ``/metrics``): Prometheus metrics, see ``graceful.metrics``;
-* preStop (default off, e.g. ``/prestop``): requests shutdown and answers only once the
-  drain is done (or at the drain deadline), for Kubernetes ``lifecycle.preStop.httpGet``.
-  It is off by default because anyone who can reach it can stop the server: expose it
-  only on a port your ingress does not route.
+Health endpoints (``None`` disables one): readiness (``/readyz``: 200 while serving, 503
+from the shutdown request on), liveness (``/livez``: 200 until stopped), metrics (off:
+``graceful.metrics``), preStop (off: requests shutdown and answers once drained, for
+``lifecycle.preStop.httpGet`` — anyone who can reach it can stop the server, so serve it
+with ``management_port``, on a port the Service and the ingress do not expose:
+``graceful._core.management``).  docs/asgi.md has the details.
 
 Health and metrics requests are not counted as in-flight requests.
 """
@@ -48,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 import anyio
@@ -57,6 +38,8 @@ from typing_extensions import final
 from ._core import health as _health
 from ._core.coordinator import ShutdownCoordinator, _check_coordinator
 from ._core.drain_signal import DrainSignal
+from ._core.drain_signal import in_scope as drain_signal
+from ._core.management import Management, check_management
 from ._core.policy import Phase, _check_readiness_on_shutdown, _check_seconds
 from ._core.tracking import is_probe
 
@@ -88,21 +71,6 @@ def _with_connection_close(message: Message) -> Message:
     return {**message, "headers": headers}
 
 
-def drain_signal(scope: Scope) -> DrainSignal | None:
-    """Return the ``DrainSignal`` of the request, or ``None`` outside the middleware.
-
-    It is looked up in ``scope["state"]["graceful"]`` (the lifespan state the server
-    copies into every request) and in ``scope["extensions"]["graceful"]`` (where the
-    middleware puts it too; deprecated for direct reading)."""
-    if not isinstance(scope, dict) and not isinstance(scope, Mapping):
-        raise TypeError(f"scope must be an ASGI scope (a mapping), got {scope!r}")
-    for where in ("state", "extensions"):
-        signal = (scope.get(where) or {}).get("graceful")
-        if isinstance(signal, DrainSignal):
-            return signal
-    return None
-
-
 #: The middleware's options: its keyword arguments besides ``app`` and ``coordinator``,
 #: which ``graceful.uvicorn.Server`` and ``graceful.hypercorn.serve`` pass on to it.
 OPTIONS: Final = (
@@ -112,6 +80,9 @@ OPTIONS: Final = (
     "websocket_close_grace_s",
     "metrics_path",
     "readiness_on_shutdown",
+    "management_port",
+    "management_host",
+    "health_on_app_port",
 )
 
 
@@ -134,16 +105,11 @@ def check_options(caller: str = "GracefulMiddleware", /, **options: Any) -> None
     options = {name: options.get(name, defaults[name].default) for name in OPTIONS}
     _check_seconds("websocket_close_grace_s", options["websocket_close_grace_s"])
     _check_readiness_on_shutdown(options["readiness_on_shutdown"])
-    paths: dict[str, str] = {}
-    for name in ("readiness_path", "liveness_path", "prestop_path", "metrics_path"):
-        path = _health.check_path(name, options[name])
-        if path is None:
-            continue
-        if path in paths:
-            raise ValueError(
-                f"{name} {path!r} is already used by another health endpoint ({paths[path]})"
-            )
-        paths[path] = name
+    check_management(
+        options["management_port"], options["management_host"], options["health_on_app_port"]
+    )
+    names = ("readiness_path", "liveness_path", "prestop_path", "metrics_path")
+    _health.check_paths({name: options[name] for name in names})
 
 
 def _check_app(app: object) -> None:
@@ -171,6 +137,12 @@ class GracefulMiddleware:
             200 while still accepting, 503 from draining on (the pod stays ``serving``
             in its EndpointSlice, so kube-proxy's fallback to terminating endpoints
             still routes here when no other endpoint is ready, KEP-1669).
+        management_port: Serve the four endpoints on a listener of their own on this
+            port (``graceful._core.management``), not on the app's: while the
+            coordinator runs, closed last.
+        management_host: The management listener's address.
+        health_on_app_port: With ``management_port``: answer the endpoints on the app's
+            port too.
     """
 
     def __init__(
@@ -184,6 +156,9 @@ class GracefulMiddleware:
         websocket_close_grace_s: float = 1.0,
         metrics_path: str | None = None,
         readiness_on_shutdown: str = "fail",
+        management_port: int | None = None,
+        management_host: str = "127.0.0.1",
+        health_on_app_port: bool = False,
     ) -> None:
         _check_app(app)
         _check_coordinator(coordinator)
@@ -194,12 +169,32 @@ class GracefulMiddleware:
             websocket_close_grace_s=websocket_close_grace_s,
             metrics_path=metrics_path,
             readiness_on_shutdown=readiness_on_shutdown,
+            management_port=management_port,
+            management_host=management_host,
+            health_on_app_port=health_on_app_port,
         )
         self.readiness_on_shutdown: Final = readiness_on_shutdown
         self.app = app
         self.coordinator = coordinator
         self.websocket_close_grace_s = float(websocket_close_grace_s)
         self._health: dict[str, ASGIApp] = {}
+        renderer = None
+        if management_port is not None and metrics_path is not None:
+            from . import metrics as _metrics  # the metrics extra, only when asked for
+
+            renderer = _metrics.Exposition(coordinator).render_retrying
+        #: The management listener (``management_port``), or ``None``.
+        self.management: Final = Management.for_options(
+            coordinator,
+            port=management_port,
+            host=management_host,
+            paths=(readiness_path, liveness_path, prestop_path, metrics_path),
+            readiness_on_shutdown=readiness_on_shutdown,
+            starting=lambda: self._lifespan_seen and not self._started,
+            metrics=renderer,
+        )
+        if self.management is not None and not health_on_app_port:
+            readiness_path = liveness_path = prestop_path = metrics_path = None
         metrics: ASGIApp | None = None
         if metrics_path is not None:
             from . import metrics as _metrics  # the metrics extra, only when asked for

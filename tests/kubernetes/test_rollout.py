@@ -117,3 +117,36 @@ def test_rollout(clusters: Callable[[float], Cluster], sync: float, server: str)
         # window), and the pod leaves as soon as that and the long request allow.
         assert draining <= unproxied + IDLE_S + 1.0, summary
         assert exited <= max(unproxied + IDLE_S, long_done) + 1.0, summary
+
+
+def test_rollout_with_probes_and_prestop_on_the_management_port(
+    clusters: Callable[[float], Cluster],
+) -> None:
+    """examples/kubernetes' way: the readiness probe and a preStop ``httpGet`` on
+    ``--management-port``, the Service on the app's port: the kubelet's preStop starts
+    the drain there and is answered once drained; nothing is lost."""
+    cluster = clusters(1.0)
+
+    def pod(name: str) -> dict[str, Any]:
+        options = ["--policy", "accept-until-idle", "--idle", f"{IDLE_S:g}", "--kubernetes"]
+        options += ["--management-port", "9000", "--prestop-path", "/prestop"]
+        return pod_manifest(
+            name,
+            graceful_run(*options),
+            kubeconfig=SA_KUBECONFIG[id(cluster)],
+            grace_s=GRACE_S,
+            management_port=9000,
+            prestop_path="/prestop",
+        )
+
+    result = rollout(cluster, pod)
+    summary = f"management port, sync 1 s: {result.summary()}"
+    print(summary)
+    assert not result.kubelet_errors, result.kubelet_errors
+    assert result.served > 0, summary
+    assert "management listener on" in result.log, result.log[-3000:]
+    assert "serving -> accepting: preStop" in result.log, result.log[-3000:]
+    assert "answered on the app's port" not in result.log
+    assert result.long_request == "200", summary
+    assert (result.exit_status, result.killed) == (0, False), (summary, result.log[-3000:])
+    assert result.failures == 0, (summary, result.log[-3000:])

@@ -217,8 +217,14 @@ def test_keyword_arguments_come_from_values() -> None:
         "metrics_path": None,
         "websocket_close_grace_s": 0.5,
         "readiness_on_shutdown": "fail",
+        "management_port": None,
+        "health_on_app_port": False,
     }
     assert _config.uvicorn_kwargs(values)["http"] == "h11"
+    # With a management port, its address is the app's unless given.
+    values = _config.resolve({"management_port": "9100", "host": "0.0.0.0"}, {})
+    kwargs = _config.middleware_kwargs(values)
+    assert (kwargs["management_port"], kwargs["management_host"]) == (9100, "0.0.0.0")
 
 
 def test_build_server_uses_every_value() -> None:

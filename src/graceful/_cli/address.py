@@ -17,18 +17,26 @@ from .._options import ConfigError, Values
 from .command import Invocation
 
 
-def _addresses(values: Values) -> list[tuple[Any, ...]]:
-    host, port = values["host"], values["port"]
+def _addresses(values: Values, names: tuple[str, str] = ("host", "port")) -> list[tuple[Any, ...]]:
+    host, port = _address(values, names)
     try:
         return socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV
         )
     except (socket.gaierror, UnicodeError) as exc:
         reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
-        raise ConfigError(f"{values.label('host')}: cannot resolve {host!r}: {reason}") from None
+        raise ConfigError(f"{values.label(names[0])}: cannot resolve {host!r}: {reason}") from None
 
 
-def _bind(values: Values, family: int, address: Any) -> socket.socket:
+def _address(values: Values, names: tuple[str, str]) -> tuple[str, int]:
+    """(host, port) of the app (``names``: host and port options) or of the management
+    listener, whose host defaults to the app's."""
+    return values[names[0]] or values["host"], values[names[1]]
+
+
+def _bind(
+    values: Values, family: int, address: Any, names: tuple[str, str] = ("host", "port")
+) -> socket.socket:
     """A socket bound to ``address``, set up like asyncio's ``create_server``; bind
     errors as one line naming ``--host`` or ``--port``."""
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -39,14 +47,15 @@ def _bind(values: Values, family: int, address: Any) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        host, port = values["host"], values["port"]
-        where = f"{values.label('host')} {host} {values.label('port')} {port}"
+        host, port = _address(values, names)
+        host_label, port_label = values.label(names[0]), values.label(names[1])
+        where = f"{host_label} {host} {port_label} {port}"
         if exc.errno == errno.EADDRNOTAVAIL:
-            where = f"{values.label('host')}: {host!r} is not an address of this machine"
+            where = f"{host_label}: {host!r} is not an address of this machine"
         elif exc.errno == errno.EADDRINUSE:
-            where = f"{values.label('port')}: port {port} on {host} is in use"
+            where = f"{port_label}: port {port} on {host} is in use"
         elif exc.errno == errno.EACCES:
-            where = f"{values.label('port')}: no permission to bind port {port}"
+            where = f"{port_label}: no permission to bind port {port}"
         raise ConfigError(f"{where} ({exc.strerror or exc})") from None
     return sock
 
@@ -58,6 +67,16 @@ def _check_address(values: Values) -> None:
         _bind(values, family, address).close()
         if values["port"] == 0:
             break  # any free port: the first address is the one that matters
+    if values["management_port"] is not None:
+        names = ("management_host", "management_port")
+        if values["management_port"] == values["port"] != 0:
+            label = values.label
+            raise ConfigError(
+                f"{label('management_port')} {values['port']} is the app's {label('port')}: "
+                "the management listener needs a port of its own"
+            )
+        for family, _, _, _, address in _addresses(values, names):
+            _bind(values, family, address, names).close()
 
 
 def _listener(inv: Invocation) -> socket.socket:

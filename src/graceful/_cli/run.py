@@ -258,9 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _warn_about_settings(inv: Invocation) -> None:
     """Settings that work but not as meant: a misspelt ``GRACEFUL_*`` variable, metrics
-    from one random worker per scrape."""
+    from one random worker per scrape, a preStop endpoint anyone can reach."""
     for text in _config.unknown_variables():
         logger.warning(text)
-    metrics = _config.metrics_workers_warning(inv.values, inv.values["workers"])
-    if metrics is not None:
-        logger.warning(metrics)
+    for warning in (
+        _config.metrics_workers_warning(inv.values, inv.values["workers"]),
+        _config.public_prestop_warning(inv.values),
+    ):
+        if warning is not None:
+            logger.warning(warning)

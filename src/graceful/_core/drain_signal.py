@@ -6,14 +6,15 @@ and ``graceful.aiohttp.DrainSignal``.  WSGI's is a thread-safe twin
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from typing_extensions import final
 
 from .coordinator import ShutdownCoordinator, _check_coordinator
 from .policy import Phase
 
-__all__ = ("DrainSignal",)
+__all__ = ("DrainSignal", "in_scope")
 
 
 @final
@@ -50,3 +51,19 @@ class DrainSignal:
     def time_left_s(self) -> float | None:
         """Seconds until the drain deadline (``None`` before draining or without one)."""
         return self.coordinator.drain_time_left()
+
+
+def in_scope(scope: Mapping[str, Any]) -> DrainSignal | None:
+    """Return the ``DrainSignal`` of the request, or ``None`` outside the middleware
+    (public as ``graceful.asgi.drain_signal``).
+
+    It is looked up in ``scope["state"]["graceful"]`` (the lifespan state the server
+    copies into every request) and in ``scope["extensions"]["graceful"]`` (where the
+    middleware puts it too; deprecated for direct reading)."""
+    if not isinstance(scope, Mapping):
+        raise TypeError(f"scope must be an ASGI scope (a mapping), got {scope!r}")
+    for where in ("state", "extensions"):
+        signal = (scope.get(where) or {}).get("graceful")
+        if isinstance(signal, DrainSignal):
+            return signal
+    return None

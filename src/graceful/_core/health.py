@@ -11,7 +11,7 @@ from __future__ import annotations
 from .coordinator import ShutdownCoordinator
 from .policy import Phase
 
-__all__ = ("CUT_BODY", "check_path", "liveness", "prestop_done", "readiness")
+__all__ = ("CUT_BODY", "check_path", "check_paths", "liveness", "prestop_done", "readiness")
 
 #: The body of the 503 (``Retry-After: 0``, ``Connection: close``) a request gets when it
 #: is cut before its response started, in every server's terms.
@@ -23,6 +23,20 @@ def check_path(name: str, value: str | None) -> str | None:
     if value is not None and (not isinstance(value, str) or not value.startswith("/")):
         raise ValueError(f"{name} must be a path starting with '/' or None, got {value!r}")
     return value
+
+
+def check_paths(paths: dict[str, str | None]) -> None:
+    """Each endpoint's path (by option name) checked, and no two alike."""
+    seen: dict[str, str] = {}
+    for name, value in paths.items():
+        path = check_path(name, value)
+        if path is None:
+            continue
+        if path in seen:
+            raise ValueError(
+                f"{name} {path!r} is already used by another health endpoint ({seen[path]})"
+            )
+        seen[path] = name
 
 
 def readiness(

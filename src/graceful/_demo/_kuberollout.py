@@ -101,8 +101,12 @@ def pod_manifest(
     probe_period_s: int = 1,
     failure_threshold: int = 1,
     env: dict[str, str] | None = None,
+    management_port: int | None = None,
+    prestop_path: str | None = None,
 ) -> dict[str, Any]:
-    """A pod of the ``web`` Service, its name, namespace and IP from the downward API."""
+    """A pod of the ``web`` Service, its name, namespace and IP from the downward API;
+    with ``management_port`` its probe (and its preStop ``httpGet`` on ``prestop_path``)
+    go to that port, named ``management``."""
     variables: list[dict[str, Any]] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -112,25 +116,28 @@ def pod_manifest(
     if kubeconfig is not None:
         variables.append({"name": "KUBECONFIG", "value": str(kubeconfig)})
     variables += [{"name": k, "value": v} for k, v in (env or {}).items()]
+    ports = [{"name": "http", "containerPort": 8000}]
+    probed = "http"
+    if management_port is not None:
+        ports.append({"name": "management", "containerPort": management_port})
+        probed = "management"
+    container: dict[str, Any] = {
+        "name": "web",
+        "image": "none",
+        "command": command,
+        "env": variables,
+        "ports": ports,
+        "readinessProbe": {
+            "httpGet": {"path": readiness_path, "port": probed},
+            "periodSeconds": probe_period_s,
+            "failureThreshold": failure_threshold,
+        },
+    }
+    if prestop_path is not None:
+        container["lifecycle"] = {"preStop": {"httpGet": {"path": prestop_path, "port": probed}}}
     return {
         "metadata": {"name": name, "labels": {"app": "web"}},
-        "spec": {
-            "terminationGracePeriodSeconds": grace_s,
-            "containers": [
-                {
-                    "name": "web",
-                    "image": "none",
-                    "command": command,
-                    "env": variables,
-                    "ports": [{"name": "http", "containerPort": 8000}],
-                    "readinessProbe": {
-                        "httpGet": {"path": readiness_path, "port": "http"},
-                        "periodSeconds": probe_period_s,
-                        "failureThreshold": failure_threshold,
-                    },
-                }
-            ],
-        },
+        "spec": {"terminationGracePeriodSeconds": grace_s, "containers": [container]},
     }
 
 

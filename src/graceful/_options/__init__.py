@@ -68,6 +68,7 @@ from ._resolve import (
     from_environment,
     gunicorn_values,
     metrics_workers_warning,
+    public_prestop_warning,
     resolve,
     unknown_variables,
 )
@@ -92,6 +93,7 @@ __all__ = (
     "gunicorn_values",
     "help_default",
     "metrics_workers_warning",
+    "public_prestop_warning",
     "middleware_kwargs",
     "option",
     "policy_kwargs",

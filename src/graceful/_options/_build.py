@@ -89,7 +89,13 @@ def build_coordinator(values: Values, **overrides: Any) -> ShutdownCoordinator:
 def middleware_kwargs(values: Values) -> dict[str, Any]:
     """Keyword arguments of ``graceful.asgi.GracefulMiddleware`` (and so of
     ``graceful.uvicorn.Server``)."""
-    return _kwargs(values, "middleware")
+    kwargs = _kwargs(values, "middleware")
+    if kwargs["management_host"] is None:
+        if kwargs["management_port"] is None:
+            del kwargs["management_host"]  # no listener: the middleware's default
+        else:
+            kwargs["management_host"] = values["host"]  # the app's own address
+    return kwargs
 
 
 def uvicorn_kwargs(values: Values) -> dict[str, Any]:
@@ -151,6 +157,7 @@ def check(values: Values) -> None:
             f"{label('loop')} {loop} is not taken by {label('server')} {server} "
             f"(it takes {', '.join(SERVER_LOOPS[server])})"
         )
+    _check_management(values)
     paths: dict[str, str] = {}
     for opt in OPTIONS:
         if opt.parse is endpoint_path and values[opt.name] is not None:
@@ -192,3 +199,19 @@ def check(values: Values) -> None:
         # metrics in the process's default registry.
         options = {**middleware_kwargs(values), "metrics_path": None}
         GracefulMiddleware(no_app, coordinator=coordinator, **options)
+
+
+def _check_management(values: Values) -> None:
+    """``--management-port``: a port of its own, one process (for now)."""
+    label, port = values.label, values["management_port"]
+    if port is None:
+        for name in ("management_host", "health_on_app_port"):
+            if values[name]:
+                raise ConfigError(f"{label(name)} applies only with {label('management_port')}")
+        return
+    if values["workers"] > 1:
+        raise ConfigError(
+            f"{label('management_port')} is not taken with {label('workers')} "
+            f"{values['workers']} yet (one listener answering for every worker is to come): "
+            "run one worker a pod, or serve the endpoints on the app's port"
+        )

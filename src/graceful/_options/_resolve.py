@@ -30,6 +30,7 @@ __all__ = (
     "from_environment",
     "gunicorn_values",
     "metrics_workers_warning",
+    "public_prestop_warning",
     "resolve",
     "unknown_variables",
 )
@@ -58,6 +59,19 @@ def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
         hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else " (see graceful run --help)"
         warnings.append(f"{name} is not a graceful option and is ignored{hint}")
     return warnings
+
+
+def public_prestop_warning(values: Values) -> str | None:
+    """The warning for a preStop endpoint on the app's own port: one ``GET`` from anyone
+    who can reach the app takes the pod out of rotation."""
+    path = values["prestop_path"]
+    if path is None or (values["management_port"] is not None and not values["health_on_app_port"]):
+        return None
+    return (
+        f"{values.label('prestop_path')} {path} is answered on the app's port: anyone who can "
+        "reach the app can take this pod out of rotation with one GET; serve it on "
+        f"{values.label('management_port')}, a port the Service and the ingress do not expose"
+    )
 
 
 def metrics_workers_warning(
@@ -174,6 +188,12 @@ def gunicorn_values(
         ConfigError: one line naming the variable or ``--graceful-timeout``.
     """
     environ = os.environ if environ is None else environ
+    management = option("management_port").env
+    if environ.get(management):
+        raise ConfigError(
+            f"{management} is not taken under gunicorn yet (one listener in the master, "
+            "answering for every worker, is to come): serve the endpoints on the app's port"
+        )
     grace = float(graceful_timeout)
     if grace <= 0:
         raise ConfigError(
@@ -201,7 +221,10 @@ def gunicorn_values(
             warn(f"graceful: {text}")
     values = resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)
     if warn is not None and workers is not None:
-        metrics = metrics_workers_warning(values, workers, environ)
-        if metrics is not None:
-            warn(f"graceful: {metrics}")
+        for warning in (
+            metrics_workers_warning(values, workers, environ),
+            public_prestop_warning(values),
+        ):
+            if warning is not None:
+                warn(f"graceful: {warning}")
     return values

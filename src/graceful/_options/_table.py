@@ -229,6 +229,25 @@ OPTIONS: Final[tuple[Option, ...]] = (
         help="Prometheus metrics endpoint (off by default; needs the metrics extra)",
     ),
     Option(
+        "management_port", integer(0, 65535, "a port number"), None,
+        to=("middleware", "management_port"), metavar="PORT",
+        help="serve readiness, liveness, preStop and metrics on this port, not the app's "
+        "(a port the Service and the ingress do not expose; 0: any free port)",
+        servers=("uvicorn", "hypercorn", "aiohttp"),
+    ),
+    Option(
+        "management_host", host, None, to=("middleware", "management_host"), metavar="HOST",
+        help="the management listener's address (default: --host)",
+        servers=("uvicorn", "hypercorn", "aiohttp"),
+    ),
+    Option(
+        "health_on_app_port", boolean, False, to=("middleware", "health_on_app_port"),
+        metavar="BOOL", switch=True,
+        help="with --management-port: answer the health and metrics paths on the app's port "
+        "too (by default they are the app's own routes there)",
+        servers=("uvicorn", "hypercorn", "aiohttp"),
+    ),
+    Option(
         "websocket_close_grace", seconds, 1.0, to=("middleware", "websocket_close_grace_s"),
         metavar="SECONDS",
         help="how long a websocket may stay open once draining before it is closed with 1001, s",

@@ -197,6 +197,9 @@ def run_app(
     websocket_close_grace_s: float = 1.0,
     metrics_path: str | None = None,
     readiness_on_shutdown: str = "fail",
+    management_port: int | None = None,
+    management_host: str | None = None,
+    health_on_app_port: bool = False,
     **kwargs: Any,
 ) -> None:
     """Like ``aiohttp.web.run_app``, with graceful shutdown.
@@ -223,6 +226,9 @@ def run_app(
         websocket_close_grace_s: See ``setup``.
         metrics_path: See ``setup``.
         readiness_on_shutdown: See ``setup``.
+        management_port: See ``setup``.
+        management_host: See ``setup``; by default ``host`` (``127.0.0.1`` without one).
+        health_on_app_port: See ``setup``.
         kwargs: graceful's options that configure a new coordinator, by their Python
             names (``grace_period_s``, ``kill_margin_s``, ``idle_s``, ``min_wait_s``,
             ``max_wait_s``, ``nudge_clients``, ``drain_timeout_s`` instead of
@@ -285,6 +291,9 @@ def run_app(
                 "websocket_close_grace_s": websocket_close_grace_s,
                 "metrics_path": metrics_path,
                 "readiness_on_shutdown": readiness_on_shutdown,
+                "management_port": management_port,
+                "management_host": management_host or _one_host(host),
+                "health_on_app_port": health_on_app_port,
                 "keepalive_timeout": keepalive_timeout,
                 "access_log_class": access_log_class,
                 "access_log_format": access_log_format,
@@ -356,3 +365,13 @@ def serve_target(target: str, **options: Any) -> None:
     """Import ``MODULE:APP`` (see ``load_app``) and serve it with ``run_app``
     (``options`` are its keyword arguments)."""
     run_app(load_app(target), **options)
+
+
+def _one_host(host: object) -> str:
+    """The management listener's default address: ``run_app``'s ``host`` (the first of
+    several), ``127.0.0.1`` without one (a UNIX socket, a socket of the caller's)."""
+    if isinstance(host, str) and host:
+        return host
+    if isinstance(host, (list, tuple)) and host and isinstance(host[0], str):
+        return host[0]
+    return "127.0.0.1"

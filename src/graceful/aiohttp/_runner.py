@@ -151,6 +151,7 @@ class AppRunner(web.AppRunner):
         metrics_path: Passed to ``setup`` if the application was not set up yet.
         readiness_on_shutdown: Passed to ``setup`` if the application was not set up
             yet.
+        management_port, management_host, health_on_app_port: Likewise.
         kwargs: ``aiohttp.web.AppRunner``'s (``access_log``, ``keepalive_timeout``,
             ``shutdown_timeout`` — which bounds only ``cleanup`` of what the
             coordinator left, …).  ``handle_signals`` must stay ``False``: signals go to
@@ -169,6 +170,9 @@ class AppRunner(web.AppRunner):
         websocket_close_grace_s: float = 1.0,
         metrics_path: str | None = None,
         readiness_on_shutdown: str = "fail",
+        management_port: int | None = None,
+        management_host: str = "127.0.0.1",
+        health_on_app_port: bool = False,
         **kwargs: Any,
     ) -> None:
         if kwargs.pop("handle_signals", False):
@@ -188,6 +192,9 @@ class AppRunner(web.AppRunner):
             websocket_close_grace_s=websocket_close_grace_s,
             metrics_path=metrics_path,
             readiness_on_shutdown=readiness_on_shutdown,
+            management_port=management_port,
+            management_host=management_host,
+            health_on_app_port=health_on_app_port,
         )
         self._hot: HotPath | None = None
         self._hot_wanted = _take_out_of_chain(app, self.middleware, self._hot_requests)

@@ -11,6 +11,7 @@ from aiohttp import hdrs, web
 from .._core import health as _health
 from .._core.coordinator import ShutdownCoordinator, _check_coordinator
 from .._core.drain_signal import DrainSignal
+from .._core.management import Management, MetricsRenderer, check_management
 from ._middleware import Handler, Middleware
 
 __all__ = ("DRAIN_SIGNAL_KEY", "drain_signal", "setup")
@@ -32,6 +33,9 @@ def setup(
     websocket_close_grace_s: float = 1.0,
     metrics_path: str | None = None,
     readiness_on_shutdown: str = "fail",
+    management_port: int | None = None,
+    management_host: str = "127.0.0.1",
+    health_on_app_port: bool = False,
 ) -> Middleware:
     """Install graceful's request side on ``app`` (before it starts).
 
@@ -54,6 +58,10 @@ def setup(
             registry, see ``graceful.metrics`` (needs ``graceful-drain[metrics]``).
         readiness_on_shutdown: ``"fail"`` or ``"keep"``: see
             ``graceful.asgi.GracefulMiddleware``.
+        management_port: Serve the four endpoints on a listener of their own on this
+            port, not as routes of ``app`` (``graceful._core.management``).
+        management_host: The management listener's address.
+        health_on_app_port: With ``management_port``: add the routes to ``app`` too.
 
     Raises:
         TypeError: if ``app`` is not an application or ``coordinator`` not a coordinator.
@@ -74,6 +82,7 @@ def setup(
         "prestop_path": _health.check_path("prestop_path", prestop_path),
         "metrics_path": _health.check_path("metrics_path", metrics_path),
     }
+    check_management(management_port, management_host, health_on_app_port)
     used = [p for p in paths.values() if p is not None]
     if len(used) != len(set(used)):
         raise ValueError(f"health paths must differ, got {paths!r}")
@@ -92,11 +101,22 @@ def setup(
         app.middlewares.insert(0, middleware)
     elif middleware.coordinator is not coordinator:
         raise ValueError("the application's graceful Middleware has another coordinator")
+    if management_port is not None:
+        Management.for_options(
+            coordinator,
+            port=management_port,
+            host=management_host,
+            paths=(readiness_path, liveness_path, prestop_path, metrics_path),
+            readiness_on_shutdown=readiness_on_shutdown,
+            metrics=_renderer(coordinator, metrics_path),
+        )
+        if not health_on_app_port:
+            paths = dict.fromkeys(paths)
     for name, path, handler in (
         ("readiness", paths["readiness_path"], middleware.readiness),
         ("liveness", paths["liveness_path"], middleware.liveness),
         ("prestop", paths["prestop_path"], middleware.prestop),
-        ("metrics", paths["metrics_path"], _metrics_handler(middleware, metrics_path)),
+        ("metrics", paths["metrics_path"], _metrics_handler(middleware, paths["metrics_path"])),
     ):
         if path is not None and handler is not None:
             app.router.add_get(path, handler, name=f"graceful-{name}")
@@ -105,6 +125,16 @@ def setup(
     app[DRAIN_SIGNAL_KEY] = DrainSignal(coordinator)
     app[_MIDDLEWARE_KEY] = middleware
     return middleware
+
+
+def _renderer(coordinator: ShutdownCoordinator, path: str | None) -> MetricsRenderer | None:
+    """The management listener's metrics renderer (``graceful.metrics`` imported only
+    when the endpoint is wanted)."""
+    if path is None:
+        return None
+    from .. import metrics
+
+    return metrics.Exposition(coordinator).render_retrying
 
 
 def _metrics_handler(middleware: Middleware, path: str | None) -> Handler | None:

@@ -208,6 +208,8 @@ async def serve(
     quick_signals = _check_signals("quick_signals", quick_signals)
     idle_grace_s = _check_seconds("idle_grace_s", idle_grace_s)
     check_options("graceful.hypercorn.serve", **middleware_options)
+    if "management_port" in middleware_options and "management_host" not in middleware_options:
+        middleware_options["management_host"] = _bind_host(config)  # the app's own address
     _logging.through("hypercorn.error", _logging.level_of(str(config.loglevel or "info").lower()))
     wrapper = _app_wrapper(
         app,
@@ -300,3 +302,13 @@ def _check_config(config: object) -> Config:
             f"config must be a hypercorn.config.Config, got {type(config).__name__} {config!r}"
         )
     return config
+
+
+def _bind_host(config: Config) -> str:
+    """The host of hypercorn's first ``bind`` (``127.0.0.1`` for a socket or a UNIX
+    path): where the management listener listens unless told otherwise."""
+    bind = config.bind[0] if config.bind else ""
+    if bind.startswith(("unix:", "fd://")) or ":" not in bind:
+        return "127.0.0.1"
+    host = bind.rsplit(":", 1)[0]
+    return host.strip("[]") or "127.0.0.1"

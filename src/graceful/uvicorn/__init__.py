@@ -116,6 +116,8 @@ def _make_server(
         caller, ours, coordinator=coordinator, policy=policy
     )
     config = uvicorn.Config(app, **rest)
+    if "management_port" in middleware and "management_host" not in middleware:
+        middleware["management_host"] = config.host  # the app's own address
     return Server(config, coordinator=coordinator, wrap_app=wrap_app, **middleware)
 
 

@@ -1,0 +1,169 @@
+"""The management listener (``--management-port``) on every server ``graceful run``
+serves: readiness, liveness, preStop and metrics on a port of their own, the app's port
+left to the app — ``GET /prestop`` and ``/metrics`` there are the app's (404 from these
+apps).  Probes on the management port never count as traffic, and it closes last: a
+preStop answered once drained arrives after the app's listener closed.  Every wait is
+on a log line, a response or an exit."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cli.test_cli import assert_usage_error, graceful_run
+from tests.cli.test_cli_servers import (
+    AIOHTTP_APP,
+    AIOHTTP_RUNNING,
+    HYPERCORN_RUNNING,
+    UVICORN_RUNNING,
+)
+from tests.support.servers import ROOT, ServerProcess, connection_refused
+
+pytest.importorskip("prometheus_client")
+
+SERVERS = [
+    pytest.param(("uvicorn", "examples.asgi_app:app", UVICORN_RUNNING), id="uvicorn"),
+    pytest.param(("hypercorn", "examples.asgi_app:app", HYPERCORN_RUNNING), id="hypercorn"),
+    pytest.param(("aiohttp", AIOHTTP_APP, AIOHTTP_RUNNING), id="aiohttp"),
+]
+MANAGEMENT = r"management listener on 127\.0\.0\.1 port (\d+): (.*)"
+
+
+def get(port: int, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        return answer.status, answer.read().decode("utf-8", "replace")
+    finally:
+        connection.close()
+
+
+def start(
+    servers: list[ServerProcess], server: tuple[str, str, str], *options: str
+) -> tuple[ServerProcess, int]:
+    """``graceful run`` of ``server`` on free ports: the process and its management port."""
+    name, app, running = server
+    process = ServerProcess(
+        [sys.executable, "-m", "graceful", "run", app, "--server", name, "--port", "0",
+         "--management-port", "0", *options]
+    )  # fmt: skip
+    servers.append(process)
+    management = int(process.wait_for_line(MANAGEMENT).group(1))
+    process.port = int(process.wait_for_line(running).group(1))
+    return process, management
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_endpoints_move_to_the_management_port(
+    servers: list[ServerProcess], server: tuple[str, str, str]
+) -> None:
+    process, management = start(
+        servers, server, "--prestop-path", "/prestop", "--metrics-path", "/metrics"
+    )
+    listed = process.wait_for_line(MANAGEMENT).group(2)
+    assert listed == "readiness /readyz, liveness /livez, prestop /prestop, metrics /metrics"
+    # The app's port: the app's own routes, not graceful's.
+    for path in ("/prestop", "/metrics", "/readyz", "/livez"):
+        assert get(process.port, path)[0] == 404, path
+    assert get(process.port, "/")[0] == 200
+    # The management port: graceful's, and nothing else.
+    assert get(management, "/readyz") == (200, "ready\n")
+    assert get(management, "/livez")[0] == 200
+    status, body = get(management, "/metrics")
+    assert status == 200
+    assert re.search(r"^graceful_phase", body, re.M), body[:2000]
+    assert get(management, "/")[0] == 404
+    assert not process.has_line("answered on the app's port")  # no preStop warning
+    # preStop drains, answers once drained; the app's listener is closed by then.
+    status, body = get(management, "/prestop", timeout_s=20)
+    assert status == 200, body
+    assert connection_refused(process.port)
+    assert process.wait_exit() == 0
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_probes_on_the_management_port_are_not_traffic(
+    servers: list[ServerProcess], server: tuple[str, str, str]
+) -> None:
+    """accept-until-idle with a 1 s window ends its window while the management port is
+    probed every 0.1 s (the kubelet's probes would otherwise keep it open forever)."""
+    process, management = start(servers, server, "--policy", "accept-until-idle", "--idle", "1")
+    process.signal(signal.SIGTERM)
+    process.wait_for_line(r"serving -> accepting")
+    readiness: list[int] = []
+    deadline = time.monotonic() + 20
+    while not process.has_line(r"accepting -> draining") and time.monotonic() < deadline:
+        readiness.append(get(management, "/readyz")[0])
+        time.sleep(0.1)  # the probe period of this scenario
+    line = process.wait_for_line(r"accepting -> draining: (.*)", timeout_s=1).group(1)
+    assert "no new connection for 1 s" in line, process.output()
+    assert set(readiness) == {503}, readiness
+    assert process.wait_exit() == 0
+
+
+def test_health_on_app_port_serves_both(servers: list[ServerProcess]) -> None:
+    process, management = start(
+        servers, SERVERS[0].values[0], "--health-on-app-port", "--prestop-path", "/prestop"
+    )
+    assert get(process.port, "/readyz") == (200, "ready\n")
+    assert get(management, "/readyz") == (200, "ready\n")
+    process.wait_for_line(r"--prestop-path /prestop is answered on the app's port: anyone")
+
+
+def test_a_prestop_path_on_the_app_port_is_warned_of(servers: list[ServerProcess]) -> None:
+    process = ServerProcess(
+        [sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0",
+         "--prestop-path", "/prestop"]
+    )  # fmt: skip
+    servers.append(process)
+    line = process.wait_for_line(r"--prestop-path /prestop is answered on the app's port.*")
+    assert "--management-port" in line.group(0)
+
+
+def test_bad_management_options_are_one_line() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        line = assert_usage_error(
+            graceful_run("examples.asgi_app:app", "--management-port", port), "--management-port"
+        )
+        assert f"port {port} on 127.0.0.1 is in use" in line
+        line = assert_usage_error(
+            graceful_run("examples.asgi_app:app", "--port", "8123", "--management-port", "8123")
+        )
+        assert "--management-port 8123 is the app's --port" in line
+    assert_usage_error(
+        graceful_run("examples.asgi_app:app", "--management-host", "127.0.0.1"),
+        "--management-host",
+        "--management-port",
+    )
+    assert_usage_error(
+        graceful_run("examples.asgi_app:app", "--workers", "2", "--management-port", "0"),
+        "--management-port",
+        "--workers",
+    )
+    assert_usage_error(
+        graceful_run("examples.asgi_app:app", "--management-port", "65536"), "--management-port"
+    )
+
+
+def test_gunicorn_refuses_the_management_port_for_now() -> None:
+    pytest.importorskip("gunicorn")
+    result = subprocess.run(
+        [sys.executable, "-m", "gunicorn", "-k", "graceful.gunicorn.UvicornWorker",
+         "-b", "127.0.0.1:0", "examples.asgi_app:app"],
+        cwd=ROOT,
+        env={**dict(__import__("os").environ), "GRACEFUL_MANAGEMENT_PORT": "9100"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "GRACEFUL_MANAGEMENT_PORT is not taken under gunicorn yet" in result.stderr
