@@ -14,17 +14,18 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli import assert_usage_error, graceful_run
+from tests.cli.test_cli import assert_usage_error, clean_environment, graceful_run
 from tests.cli.test_cli_servers import (
     AIOHTTP_APP,
     AIOHTTP_RUNNING,
     HYPERCORN_RUNNING,
     UVICORN_RUNNING,
 )
-from tests.support.servers import ROOT, ServerProcess, connection_refused
+from tests.support.servers import ROOT, RawHTTP, ServerProcess, connection_refused
 
 pytest.importorskip("prometheus_client")
 
@@ -144,10 +145,18 @@ def test_bad_management_options_are_one_line() -> None:
         "--management-host",
         "--management-port",
     )
+    workers = ("--workers", "2", "--management-port", "0")
     assert_usage_error(
-        graceful_run("examples.asgi_app:app", "--workers", "2", "--management-port", "0"),
-        "--management-port",
+        graceful_run("examples.asgi_app:app", *workers, "--readiness-on-shutdown", "keep"),
+        "--readiness-on-shutdown",
         "--workers",
+    )
+    env = clean_environment()
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    assert_usage_error(
+        graceful_run("examples.asgi_app:app", *workers, "--metrics-path", "/metrics", env=env),
+        "--metrics-path",
+        "PROMETHEUS_MULTIPROC_DIR",
     )
     assert_usage_error(
         graceful_run("examples.asgi_app:app", "--management-port", "65536"), "--management-port"
@@ -167,3 +176,72 @@ def test_gunicorn_refuses_the_management_port_for_now() -> None:
     )  # fmt: skip
     assert result.returncode != 0
     assert "GRACEFUL_MANAGEMENT_PORT is not taken under gunicorn yet" in result.stderr
+
+
+def test_workers_share_one_management_listener_in_the_parent(
+    servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    """``--workers 2``: the parent answers for the pod — every worker's metrics (from
+    PROMETHEUS_MULTIPROC_DIR), readiness 503 from its SIGTERM on while the workers drain
+    (a request in flight keeps them), and closes after the last worker exited."""
+    process = ServerProcess(
+        [sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0",
+         "--workers", "2", "--management-port", "0", "--metrics-path", "/metrics",
+         "--prestop-path", "/prestop", "--policy", "refuse-immediately"],
+        env={"PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+    )  # fmt: skip
+    servers.append(process)
+    line = process.wait_for_line(MANAGEMENT_PARENT)
+    management = int(line.group(1))
+    assert line.group(2) == "readiness /readyz, liveness /livez, prestop /prestop, metrics /metrics"
+    process.port = int(process.wait_for_line(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
+    process.wait_for_line(r"worker \d+ serves", count=2)
+    wait_until_ready(management)
+    assert get(management, "/readyz") == (200, "ready (2 workers)\n")
+    for path in ("/prestop", "/metrics", "/readyz"):
+        assert get(process.port, path)[0] == 404, path  # the app's
+    status, body = get(management, "/metrics")
+    assert status == 200
+    assert re.search(r"^graceful_phase", body, re.M), body[:2000]
+    assert not process.has_line(r"management listener on 127\.0\.0\.1 port \d+: ")  # no worker's
+    # A request in flight holds its worker; meanwhile the pod is not ready.
+    slow = RawHTTP(process.port)
+    slow.send("/slow?s=2")
+    process.wait_for_line(r"slow request started")
+    process.signal(signal.SIGTERM)
+    process.wait_for_line(r"SIGTERM: stopping 2 workers")
+    assert get(management, "/readyz")[0] == 503
+    assert get(management, "/livez")[0] == 200
+    assert slow.response()[0] == 200
+    assert process.wait_exit() == 0
+    assert connection_refused(management)
+
+
+def test_a_prestop_on_the_parents_port_drains_every_worker(
+    servers: list[ServerProcess],
+) -> None:
+    process = ServerProcess(
+        [sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0",
+         "--workers", "2", "--management-port", "0", "--prestop-path", "/prestop",
+         "--policy", "accept-until-idle", "--idle", "1"]
+    )  # fmt: skip
+    servers.append(process)
+    management = int(process.wait_for_line(MANAGEMENT_PARENT).group(1))
+    process.wait_for_line(r"worker \d+ serves", count=2)
+    wait_until_ready(management)
+    status, body = get(management, "/prestop", timeout_s=30)
+    assert (status, body) == (200, "stopped: every worker exited\n")
+    assert process.wait_for_line(r"serving -> accepting: SIGTERM", count=2)
+    assert process.has_line(r"exited \(exit status 0\)")
+    assert process.wait_exit() == 0
+
+
+MANAGEMENT_PARENT = r"management listener on 127\.0\.0\.1 port (\d+), for every worker: (.*)"
+
+
+def wait_until_ready(port: int, timeout_s: float = 15.0) -> None:
+    """Until the parent's readiness says a worker serves (its first byte on the pipe)."""
+    deadline = time.monotonic() + timeout_s
+    while get(port, "/readyz")[0] != 200:
+        assert time.monotonic() < deadline, "the parent never became ready"
+        time.sleep(0.05)

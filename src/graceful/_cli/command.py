@@ -295,6 +295,9 @@ class Invocation:
     worker_fd: int | None = None
     ready_fd: int | None = None
     parent_pid: int | None = None
+    #: A ``--workers`` worker whose parent serves every worker's metrics (from
+    #: ``PROMETHEUS_MULTIPROC_DIR``): it writes its own there.
+    parent_metrics: bool = False
 
     @property
     def server(self) -> str:

@@ -145,7 +145,13 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Invo
         raise ConfigError("the argument MODULE:APP is required (e.g. myapp:app)")
     if ":" not in app:
         raise ConfigError(f"MODULE:APP must look like 'package.module:app', got {app!r}")
-    invocation = Invocation(app, values, params, given, worker_fd, ready_fd, parent_pid)
+    parent_metrics = False
+    if worker_fd is not None and values["management_port"] is not None:
+        parent_metrics = values["metrics_path"] is not None
+        values = _config.answered_by_parent(values)  # the parent's listener answers
+    invocation = Invocation(
+        app, values, params, given, worker_fd, ready_fd, parent_pid, parent_metrics
+    )
     _check(invocation)
     return invocation
 

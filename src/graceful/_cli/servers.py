@@ -118,7 +118,18 @@ def _worker_socket(inv: Invocation) -> socket.socket | None:
 def _coordinator(inv: Invocation) -> ShutdownCoordinator:
     # The process is ours: a third signal exits at once, and a server that does not
     # stop by the kill deadline is ended just before it.
-    return _config.build_coordinator(inv.values, exit_on_third_request=True, hard_exit=True)
+    coordinator = _config.build_coordinator(inv.values, exit_on_third_request=True, hard_exit=True)
+    _metrics_for_parent(inv, coordinator)
+    return coordinator
+
+
+def _metrics_for_parent(inv: Invocation, coordinator: ShutdownCoordinator) -> None:
+    """A ``--workers`` worker whose parent serves the metrics writes its own to
+    ``PROMETHEUS_MULTIPROC_DIR``, where the parent reads them."""
+    if inv.parent_metrics:
+        from ..metrics import register
+
+        register(coordinator)
 
 
 def _not_started(inv: Invocation, exc: BaseException) -> int:
@@ -182,6 +193,7 @@ def _serve_uvicorn(inv: Invocation) -> int:
     from ..uvicorn import build_server
 
     server = build_server(inv.values, config, exit_on_third_request=True, hard_exit=True)
+    _metrics_for_parent(inv, server.coordinator)
     sock = _worker_socket(inv)
     try:
         server.run(sockets=None if sock is None else [sock])

@@ -54,13 +54,16 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .._core.deadlines import DEFAULT_GRACE_PERIOD_S
 from .._core.signals import signal_name
 from .address import _listener, _remove_uds, _where
 from .command import EXIT_FAILED, EXIT_NOT_STARTED, EXIT_OK, Invocation
 from .tasks import _Tasks
+
+if TYPE_CHECKING:
+    from .management import ParentManagement
 
 logger = logging.getLogger("graceful")
 
@@ -80,9 +83,19 @@ def _serve_workers(inv: Invocation, argv: Sequence[str]) -> int:
     command = [sys.executable, "-m", "graceful", "run", *argv]
     values = inv.values
     try:
-        return _Supervisor(
+        supervisor = _Supervisor(
             sock, command, values["workers"], values["grace_period"], values["kubernetes"]
-        ).run()
+        )
+        if values["management_port"] is not None:
+            from .management import ParentManagement
+
+            supervisor.management = ParentManagement(
+                values,
+                state=lambda: (supervisor.ever_ready, supervisor.stopping, len(supervisor.workers)),
+                stop=lambda: supervisor.tasks.put(supervisor._prestop),
+                deadline=lambda: supervisor.deadline,
+            )
+        return supervisor.run()
     finally:
         _remove_uds(inv)
 
@@ -127,6 +140,7 @@ class _Supervisor:
     ever_ready: bool = False
     boot_failures: int = 0
     reload: list[_Worker] | None = None  # the new workers of a reload in progress
+    management: ParentManagement | None = None  # --management-port: the pod's listener
 
     def run(self) -> int:
         from .._core.signals import catch_signals
@@ -140,6 +154,8 @@ class _Supervisor:
         ):
             for _ in range(self.count):
                 self._spawn()
+            if self.management is not None:
+                self.management.start()
             where = _where(self.sock)
             logger.info(
                 "listening on %s with %d workers (pids %s)",
@@ -157,6 +173,8 @@ class _Supervisor:
                     self._kill_all()
                     continue
                 task()
+            if self.management is not None:  # closed last: a preStop gets its answer
+                self.management.workers_gone()
         self.tasks.close()
         self.sock.close()
         return self.status
@@ -228,6 +246,11 @@ class _Supervisor:
             self._stop()
         for worker in self.workers:
             self._signal(worker, signum)
+
+    def _prestop(self) -> None:
+        """A preStop request on the management port: as a SIGTERM, once."""
+        if not self.stopping:
+            self._on_signal(signal.SIGTERM)
 
     def _stop(self, status: int | None = None) -> None:
         """No more restarts; SIGKILL what is left at the kill deadline."""

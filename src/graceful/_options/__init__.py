@@ -44,6 +44,7 @@ import os as os
 
 from ._build import _named as _named
 from ._build import (
+    answered_by_parent,
     build_coordinator,
     check,
     coordinator_kwargs,
@@ -86,6 +87,7 @@ __all__ = (
     "Option",
     "Values",
     "boolean",
+    "answered_by_parent",
     "build_coordinator",
     "check",
     "coordinator_kwargs",

@@ -18,6 +18,7 @@ for values that never went through ``check``.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,7 @@ from ._table import OPTIONS, SERVER_LOOPS, Target, _show, option
 from ._values import Values
 
 __all__ = (
+    "answered_by_parent",
     "build_coordinator",
     "check",
     "coordinator_kwargs",
@@ -210,8 +212,28 @@ def _check_management(values: Values) -> None:
                 raise ConfigError(f"{label(name)} applies only with {label('management_port')}")
         return
     if values["workers"] > 1:
-        raise ConfigError(
-            f"{label('management_port')} is not taken with {label('workers')} "
-            f"{values['workers']} yet (one listener answering for every worker is to come): "
-            "run one worker a pod, or serve the endpoints on the app's port"
-        )
+        # The parent answers for every worker (graceful._cli.management).
+        if values["readiness_on_shutdown"] == "keep":
+            raise ConfigError(
+                f"{label('readiness_on_shutdown')} keep is not taken with "
+                f"{label('management_port')} and {label('workers')} {values['workers']} yet "
+                "(the parent does not know when its workers stop accepting): use fail"
+            )
+        if values["metrics_path"] is not None and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            raise ConfigError(
+                f"{label('metrics_path')} on {label('management_port')} with "
+                f"{label('workers')} {values['workers']} needs PROMETHEUS_MULTIPROC_DIR (an "
+                "empty directory): the parent serves every worker's metrics from it"
+            )
+
+
+def answered_by_parent(values: Values) -> Values:
+    """A ``--workers`` worker's values when its parent has the management listener: no
+    listener of its own, and the health paths left to the app on its port (unless
+    ``--health-on-app-port``)."""
+    changed: dict[str, Any] = {"management_port": None, "management_host": None}
+    if not values["health_on_app_port"]:
+        changed.update(dict.fromkeys(("readiness_path", "liveness_path", "prestop_path")))
+        changed["metrics_path"] = None
+    changed["health_on_app_port"] = False
+    return values.replaced(changed)

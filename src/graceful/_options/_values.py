@@ -58,6 +58,10 @@ class Values(Mapping[str, Any]):
         label = self._labels.get(name) or self._unset_labels.get(name)
         return label if label is not None else option(name).flag
 
+    def replaced(self, changes: Mapping[str, Any]) -> Values:
+        """A copy with ``changes`` (their labels kept)."""
+        return Values({**self._values, **changes}, self._labels, self._unset_labels)
+
     def given(self, name: str) -> bool:
         """Whether the option was set (not left at its default)."""
         return name in self._labels

@@ -1,0 +1,203 @@
+"""The ``--workers`` parent's management listener: one for the pod, answering for every
+worker.
+
+With ``--workers N`` and ``--management-port`` the workers open no management listener
+and answer none of the health paths on the app's port (unless ``--health-on-app-port``);
+the parent does, on a thread of its own (its main thread waits on its task queue), with
+the standard library's threading HTTP server:
+
+* readiness is the pod's: 503 ``starting`` until a worker serves, 200 while the parent
+  serves, 503 from its shutdown on (SIGTERM, SIGINT, or a preStop request);
+* liveness: 200 while the parent runs its workers;
+* preStop starts the parent's shutdown as a SIGTERM would (every worker drains by the
+  policy) and answers once every worker exited, or at the kill deadline;
+* metrics: every process's, from ``PROMETHEUS_MULTIPROC_DIR`` (the workers write theirs
+  there; the option is refused without it).
+
+The listener is bound before the workers start (a port in use is one line and exit 2,
+checked earlier by ``graceful._cli.address``) and closed after the last worker exited
+and the preStop requests in progress were answered.  Its connections are the parent's:
+no worker ever counts them as traffic.
+"""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+from .._options import Values
+
+__all__ = ("ParentManagement",)
+
+logger = logging.getLogger("graceful")
+
+#: How long a preStop request in progress may still take to be answered once the last
+#: worker exited, s.
+ANSWER_GRACE_S: Final = 1.0
+
+
+class ParentManagement:
+    """The parent's management listener.
+
+    Args:
+        values: The checked options (``management_*`` and the four paths).
+        state: ``() -> (serving, stopping, workers)``: what the parent knows, asked from
+            the listener's threads (plain reads of the supervisor's attributes).
+        stop: Starts the parent's shutdown (run by the parent's main thread: the
+            callable queues it).
+        deadline: ``() -> the monotonic kill deadline, or None``.
+    """
+
+    def __init__(
+        self,
+        values: Values,
+        *,
+        state: Callable[[], tuple[bool, bool, int]],
+        stop: Callable[[], None],
+        deadline: Callable[[], float | None],
+    ) -> None:
+        self._state = state
+        self._stop = stop
+        self._deadline = deadline
+        self._done = threading.Event()
+        self._answering = 0
+        self._lock = threading.Lock()
+        self.paths: Final = {
+            path: kind
+            for kind, path in (
+                ("readiness", values["readiness_path"]),
+                ("liveness", values["liveness_path"]),
+                ("prestop", values["prestop_path"]),
+                ("metrics", values["metrics_path"]),
+            )
+            if path is not None
+        }
+        host = values["management_host"] or values["host"]
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        handler = _handler(self)
+        server_class = type(
+            "_Server",
+            (http.server.ThreadingHTTPServer,),
+            {"address_family": family, "daemon_threads": True, "allow_reuse_address": True},
+        )
+        self._server = server_class((host, values["management_port"]), handler)
+        self.host: Final = host
+        self.port: Final = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="graceful-management", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+        logger.info(
+            "management listener on %s port %d, for every worker: %s",
+            self.host,
+            self.port,
+            ", ".join(f"{kind} {path}" for path, kind in self.paths.items()) or "no paths",
+        )
+
+    def workers_gone(self) -> None:
+        """The last worker exited: answer the preStop requests waiting, then close."""
+        self._done.set()
+        until = time.monotonic() + ANSWER_GRACE_S
+        while time.monotonic() < until:
+            with self._lock:
+                if not self._answering:
+                    break
+            time.sleep(0.01)
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ------------------------------------------------------------------ answers
+
+    def answer(self, path: str, query: str) -> tuple[int, str, bytes]:
+        """(status, content type, body) for ``path``."""
+        kind = self.paths.get(path)
+        text = "text/plain; charset=utf-8"
+        serving, stopping, workers = self._state()
+        if kind is None:
+            known = ", ".join(self.paths) or "none"
+            return 404, text, f"not found (served here: {known})\n".encode()
+        if kind == "readiness":
+            if stopping:
+                return 503, text, f"shutting down ({workers} workers left)\n".encode()
+            if not serving:
+                return 503, text, b"starting\n"
+            return 200, text, f"ready ({workers} workers)\n".encode()
+        if kind == "liveness":
+            return 200, text, f"alive ({workers} workers)\n".encode()
+        if kind == "prestop":
+            return self._prestop(text)
+        return self._metrics(parse_qs(query).get("name[]", []))
+
+    def _prestop(self, text: str) -> tuple[int, str, bytes]:
+        with self._lock:
+            self._answering += 1
+        try:
+            self._stop()
+            while not self._done.is_set():
+                deadline = self._deadline()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return 200, text, b"stopping: the kill deadline passed\n"
+                self._done.wait(0.5 if left is None else min(0.5, left))
+            return 200, text, b"stopped: every worker exited\n"
+        finally:
+            with self._lock:
+                self._answering -= 1
+
+    def _metrics(self, names: list[str]) -> tuple[int, str, bytes]:
+        from ..metrics._prometheus import (
+            CollectorRegistry,
+            _MultiProcessCollector,
+            choose_encoder,
+        )
+
+        registry = CollectorRegistry()
+        _MultiProcessCollector(registry)
+        target: Any = registry.restricted_registry(names) if names else registry
+        encoder, content_type = choose_encoder("")
+        for pause_s in (0.01, 0.05, None):  # a worker's file caught while it is created
+            try:
+                return 200, content_type, encoder(target)
+            except Exception as exc:
+                if pause_s is None:
+                    return 503, "text/plain", f"metrics unavailable: {exc!r}\n".encode()
+                time.sleep(pause_s)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _handler(management: ParentManagement) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "graceful"
+        protocol_version = "HTTP/1.1"
+        timeout = 10  # a client that sends nothing is dropped
+
+        def do_GET(self) -> None:
+            self._respond(head_only=False)
+
+        def do_HEAD(self) -> None:
+            self._respond(head_only=True)
+
+        def _respond(self, *, head_only: bool) -> None:
+            url = urlsplit(self.path)
+            status, content_type, body = management.answer(url.path, url.query)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if not head_only:
+                self.wfile.write(body)
+            self.close_connection = True
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("management: " + format, *args)
+
+    return Handler
