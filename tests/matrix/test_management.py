@@ -11,7 +11,6 @@ import http.client
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from tests.cli.test_cli_servers import (
     HYPERCORN_RUNNING,
     UVICORN_RUNNING,
 )
-from tests.support.servers import ROOT, RawHTTP, ServerProcess, connection_refused
+from tests.support.servers import RawHTTP, ServerProcess, connection_refused
 
 pytest.importorskip("prometheus_client")
 
@@ -163,21 +162,6 @@ def test_bad_management_options_are_one_line() -> None:
     )
 
 
-def test_gunicorn_refuses_the_management_port_for_now() -> None:
-    pytest.importorskip("gunicorn")
-    result = subprocess.run(
-        [sys.executable, "-m", "gunicorn", "-k", "graceful.gunicorn.UvicornWorker",
-         "-b", "127.0.0.1:0", "examples.asgi_app:app"],
-        cwd=ROOT,
-        env={**dict(__import__("os").environ), "GRACEFUL_MANAGEMENT_PORT": "9100"},
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )  # fmt: skip
-    assert result.returncode != 0
-    assert "GRACEFUL_MANAGEMENT_PORT is not taken under gunicorn yet" in result.stderr
-
-
 def test_workers_share_one_management_listener_in_the_parent(
     servers: list[ServerProcess], tmp_path: Path
 ) -> None:
@@ -245,3 +229,81 @@ def wait_until_ready(port: int, timeout_s: float = 15.0) -> None:
     while get(port, "/readyz")[0] != 200:
         assert time.monotonic() < deadline, "the parent never became ready"
         time.sleep(0.05)
+
+
+GUNICORN_WORKERS = [
+    pytest.param(("graceful.gunicorn.UvicornWorker", "examples.asgi_app:app"), id="UvicornWorker"),
+    pytest.param(
+        ("graceful.gunicorn.SyncWorker", "tests.support.wsgi_apps.flask_app:app"), id="SyncWorker"
+    ),
+]
+MANAGEMENT_MASTER = (
+    r"management listener on 127\.0\.0\.1 port (\d+), in gunicorn's master, for every "
+    r"worker: (.*)"
+)
+
+
+@pytest.mark.parametrize("worker", GUNICORN_WORKERS)
+def test_gunicorns_master_serves_the_management_port(
+    servers: list[ServerProcess], tmp_path: Path, worker: tuple[str, str]
+) -> None:
+    """Two workers: the master answers for the pod — readiness 503 from its SIGTERM on
+    while a request in flight holds a worker, every worker's metrics — and the workers
+    leave the paths to the app."""
+    pytest.importorskip("gunicorn")
+    worker_class, app = worker
+    process = ServerProcess(
+        [sys.executable, "-m", "gunicorn", "-k", worker_class, "-w", "2", "-b", "127.0.0.1:0",
+         "--graceful-timeout", "10", app],
+        env={"GRACEFUL_MANAGEMENT_PORT": "0", "GRACEFUL_METRICS_PATH": "/metrics",
+             "GRACEFUL_PRESTOP_PATH": "/prestop", "GRACEFUL_POLICY": "refuse-immediately",
+             "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+    )  # fmt: skip
+    servers.append(process)
+    line = process.wait_for_line(MANAGEMENT_MASTER, timeout_s=20)
+    management = int(line.group(1))
+    assert line.group(2) == "readiness /readyz, liveness /livez, prestop /prestop, metrics /metrics"
+    process.port = int(process.wait_for_line(r"Listening at: http://127\.0\.0\.1:(\d+)").group(1))
+    wait_until_ready(management)
+    for path in ("/prestop", "/metrics", "/readyz"):
+        assert get(process.port, path)[0] == 404, path  # the app's
+    status, body = get(management, "/metrics")
+    assert status == 200
+    assert re.search(r"^graceful_phase", body, re.M), body[:2000]
+    slow = RawHTTP(process.port)
+    slow.send("/slow?s=2")
+    process.wait_for_line(r"slow request started")
+    process.signal(signal.SIGTERM)
+    wait_for_status(management, "/readyz", 503)
+    assert get(management, "/livez")[0] == 200
+    assert slow.response()[0] == 200
+    assert process.wait_exit(timeout_s=20) == 0
+    assert connection_refused(management)
+    assert not process.has_line(r"ERROR|Traceback"), process.output()
+
+
+@pytest.mark.parametrize("worker", GUNICORN_WORKERS)
+def test_a_prestop_on_gunicorns_master_drains_every_worker(
+    servers: list[ServerProcess], worker: tuple[str, str]
+) -> None:
+    pytest.importorskip("gunicorn")
+    worker_class, app = worker
+    process = ServerProcess(
+        [sys.executable, "-m", "gunicorn", "-k", worker_class, "-w", "2", "-b", "127.0.0.1:0",
+         "--graceful-timeout", "10", app],
+        env={"GRACEFUL_MANAGEMENT_PORT": "0", "GRACEFUL_PRESTOP_PATH": "/prestop",
+             "GRACEFUL_IDLE": "0.5"},
+    )  # fmt: skip
+    servers.append(process)
+    management = int(process.wait_for_line(MANAGEMENT_MASTER, timeout_s=20).group(1))
+    wait_until_ready(management)
+    assert get(management, "/prestop", timeout_s=30) == (200, "stopped: every worker exited\n")
+    assert process.wait_exit(timeout_s=20) == 0
+    assert not process.has_line(r"ERROR|Traceback"), process.output()
+
+
+def wait_for_status(port: int, path: str, status: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while get(port, path)[0] != status:
+        assert time.monotonic() < deadline, f"{path} never answered {status}"
+        time.sleep(0.02)

@@ -63,7 +63,8 @@ from .command import EXIT_FAILED, EXIT_NOT_STARTED, EXIT_OK, Invocation
 from .tasks import _Tasks
 
 if TYPE_CHECKING:
-    from .management import ParentManagement
+    from .._core.threaded import ThreadedManagement
+    from .._options import Values
 
 logger = logging.getLogger("graceful")
 
@@ -87,17 +88,33 @@ def _serve_workers(inv: Invocation, argv: Sequence[str]) -> int:
             sock, command, values["workers"], values["grace_period"], values["kubernetes"]
         )
         if values["management_port"] is not None:
-            from .management import ParentManagement
-
-            supervisor.management = ParentManagement(
-                values,
-                state=lambda: (supervisor.ever_ready, supervisor.stopping, len(supervisor.workers)),
-                stop=lambda: supervisor.tasks.put(supervisor._prestop),
-                deadline=lambda: supervisor.deadline,
-            )
+            supervisor.management = _management(values, supervisor)
         return supervisor.run()
     finally:
         _remove_uds(inv)
+
+
+def _management(values: Values, supervisor: _Supervisor) -> ThreadedManagement:
+    """The pod's management listener, in the parent (``graceful._core.threaded``)."""
+    from .._core.threaded import ThreadedManagement
+
+    metrics = None
+    if values["metrics_path"] is not None:
+        from ..metrics import every_process
+
+        def metrics(names: list[str]) -> tuple[int, str, bytes]:
+            status, body, content_type = every_process(names)
+            return status, content_type, body
+
+    return ThreadedManagement(
+        values["management_host"] or values["host"],
+        values["management_port"],
+        {k: values[f"{k}_path"] for k in ("readiness", "liveness", "prestop", "metrics")},
+        state=lambda: (supervisor.ever_ready, supervisor.stopping, len(supervisor.workers)),
+        stop=lambda: supervisor.tasks.put(supervisor._prestop),
+        deadline=lambda: supervisor.deadline,
+        metrics=metrics,
+    )
 
 
 def _describe(status: int) -> str:
@@ -140,7 +157,7 @@ class _Supervisor:
     ever_ready: bool = False
     boot_failures: int = 0
     reload: list[_Worker] | None = None  # the new workers of a reload in progress
-    management: ParentManagement | None = None  # --management-port: the pod's listener
+    management: ThreadedManagement | None = None  # --management-port: the pod's listener
 
     def run(self) -> int:
         from .._core.signals import catch_signals

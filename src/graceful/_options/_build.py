@@ -212,7 +212,7 @@ def _check_management(values: Values) -> None:
                 raise ConfigError(f"{label(name)} applies only with {label('management_port')}")
         return
     if values["workers"] > 1:
-        # The parent answers for every worker (graceful._cli.management).
+        # The parent answers for every worker (graceful._core.threaded).
         if values["readiness_on_shutdown"] == "keep":
             raise ConfigError(
                 f"{label('readiness_on_shutdown')} keep is not taken with "

@@ -188,12 +188,6 @@ def gunicorn_values(
         ConfigError: one line naming the variable or ``--graceful-timeout``.
     """
     environ = os.environ if environ is None else environ
-    management = option("management_port").env
-    if environ.get(management):
-        raise ConfigError(
-            f"{management} is not taken under gunicorn yet (one listener in the master, "
-            "answering for every worker, is to come): serve the endpoints on the app's port"
-        )
     grace = float(graceful_timeout)
     if grace <= 0:
         raise ConfigError(
@@ -220,6 +214,19 @@ def gunicorn_values(
         for text in unknown_variables(environ):
             warn(f"graceful: {text}")
     values = resolve(environ=environ, overrides=overrides, ignore=_GUNICORN_OWNS)
+    if values["management_port"] is not None:  # the master answers for every worker
+        if values["readiness_on_shutdown"] == "keep":
+            raise ConfigError(
+                f"{values.label('readiness_on_shutdown')} keep is not taken with "
+                f"{values.label('management_port')} under gunicorn yet (the master does not "
+                "know when its workers stop accepting): use fail"
+            )
+        if values["metrics_path"] is not None and not environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            raise ConfigError(
+                f"{values.label('metrics_path')} with {values.label('management_port')} "
+                "under gunicorn needs PROMETHEUS_MULTIPROC_DIR (an empty directory): the "
+                "master serves every worker's metrics from it"
+            )
     if warn is not None and workers is not None:
         for warning in (
             metrics_workers_warning(values, workers, environ),

@@ -49,7 +49,12 @@ from .._core import logging as _logging
 from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
 from .._core.signals import catch_signals, defer_signals
-from ..gunicorn._master import check_in_master, master_listens
+from ..gunicorn._master import (
+    check_in_master,
+    master_listens,
+    metrics_for_master,
+    worker_values,
+)
 from ._runner import AppRunner
 
 __all__ = ("AiohttpWorker",)
@@ -131,8 +136,9 @@ class AiohttpWorker(Worker):  # type: ignore[misc]
                 "the app must be an aiohttp.web.Application, or a factory returning one or "
                 f"a graceful.aiohttp.AppRunner; got {target!r}"
             )
-        values = _config.gunicorn_values(self.cfg.graceful_timeout)
+        values = worker_values(self.cfg)
         coordinator = _config.build_coordinator(values, hard_exit=True)  # the process is ours
+        metrics_for_master(coordinator)
         access_log = self.log.access_log if self.cfg.accesslog else None
         return AppRunner(
             target,

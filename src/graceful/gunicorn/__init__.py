@@ -41,11 +41,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gunicorn.arbiter import Arbiter
 from gunicorn.workers.base import Worker
 
-from .. import _options as _config
 from .._core import logging as _logging
 from .._core.signals import defer_signals
 from .._options import ConfigError
-from ._master import check_in_master
+from ._master import check_in_master, metrics_for_master, worker_values
 from ._master import master_listens as master_listens
 
 if TYPE_CHECKING:
@@ -193,7 +192,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
     async def _serve(self) -> None:
         self.config.app = self.wsgi
         try:
-            values = _config.gunicorn_values(self.cfg.graceful_timeout)  # the master warned already
+            values = worker_values(self.cfg)  # the master warned already
         except ConfigError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
@@ -203,6 +202,7 @@ class UvicornWorker(Worker):  # type: ignore[misc]
             values, self.config, quick_signals=(signal.SIGQUIT, signal.SIGINT), hard_exit=True
         )
         server.coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
+        metrics_for_master(server.coordinator)
         server.coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))
         await server.serve(sockets=self.sockets)
         if not server.started:

@@ -70,7 +70,7 @@ from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
 from ..wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
-from ._master import check_in_master, master_listens
+from ._master import check_in_master, master_listens, metrics_for_master, worker_values
 
 logger = logging.getLogger("graceful")
 
@@ -145,11 +145,12 @@ class _GracefulWSGIWorker:
 
     def load_wsgi(self) -> None:
         try:
-            values = _config.gunicorn_values(self.cfg.graceful_timeout)
+            values = worker_values(self.cfg)
         except ConfigError as exc:  # checked in the master: only if the environment changed
             self.log.error("graceful: %s", exc)
             sys.exit(Arbiter.WORKER_BOOT_ERROR)
         coordinator = _config.build_coordinator(values, hard_exit=True)
+        metrics_for_master(coordinator)
         coordinator.classify_connections()  # the middleware reports first requests
         coordinator.measure_requests_always()  # the drain budget knows them at SIGTERM
         coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))

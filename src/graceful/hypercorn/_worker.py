@@ -41,7 +41,12 @@ from .. import _options as _config
 from .._core import logging as _logging
 from .._core.coordinator import ShutdownCoordinator
 from .._core.signals import defer_signals
-from ..gunicorn._master import check_in_master, master_listens
+from ..gunicorn._master import (
+    check_in_master,
+    master_listens,
+    metrics_for_master,
+    worker_values,
+)
 from . import WorkerClass, serve
 
 __all__ = ("HypercornTrioWorker", "HypercornUvloopWorker", "HypercornWorker")
@@ -100,8 +105,9 @@ class HypercornWorker(Worker):  # type: ignore[misc]
 
     def run(self) -> None:
         try:
-            values = _config.gunicorn_values(self.cfg.graceful_timeout)  # the master warned already
+            values = worker_values(self.cfg)  # the master warned already
             self.coordinator = _config.build_coordinator(values, hard_exit=True)
+            metrics_for_master(self.coordinator)
             self.coordinator.expect_relayed_signals(signal.SIGTERM)  # the master relays it
             self.coordinator.report_pod_serving(master_listens(self.ppid, self.sockets))
         except ValueError as exc:  # checked in the master: only if the environment changed

@@ -43,6 +43,7 @@ from __future__ import annotations
 from ._collector import DRAIN_DURATION_BUCKETS_S
 from ._exposition import RENDER_RETRIES_S as RENDER_RETRIES_S
 from ._exposition import Exposition, asgi_app
+from ._exposition import every_process as every_process
 from ._multiprocess import MULTIPROC_DIR_ENV, mark_process_dead, multiprocess_mode
 from ._registry import register, unregister
 

@@ -31,7 +31,7 @@ from ._prometheus import (
 )
 from ._registry import _check_registry, _writer, register
 
-__all__ = ("RENDER_RETRIES_S", "Exposition", "asgi_app")
+__all__ = ("RENDER_RETRIES_S", "Exposition", "asgi_app", "every_process")
 
 logger = logging.getLogger("graceful")
 
@@ -167,3 +167,25 @@ async def _send(
     ]
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": body if with_body else b""})
+
+
+def every_process(names: Sequence[str] = ()) -> tuple[int, bytes, str]:
+    """Every process's metrics from ``PROMETHEUS_MULTIPROC_DIR`` — for a parent that
+    serves them for its workers (the ``--workers`` parent, gunicorn's master), from a
+    thread: (status, body, content type), 503 naming the error if collecting still fails
+    after ``RENDER_RETRIES_S``."""
+    import time
+
+    registry = CollectorRegistry()
+    _MultiProcessCollector(registry)
+    target: Collector = registry.restricted_registry(list(names)) if names else registry
+    encoder, content_type = choose_encoder("")
+    for delay_s in (*RENDER_RETRIES_S, None):
+        try:
+            return 200, encoder(target), content_type
+        except Exception as exc:  # a worker's file caught while it is created
+            if delay_s is None:
+                logger.warning("graceful metrics: cannot collect: %r", exc)
+                return 503, f"metrics unavailable: {exc!r}\n".encode(), "text/plain"
+            time.sleep(delay_s)
+    raise AssertionError("unreachable")  # pragma: no cover

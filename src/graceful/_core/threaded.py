@@ -1,10 +1,11 @@
-"""The ``--workers`` parent's management listener: one for the pod, answering for every
-worker.
+"""The management listener of a process that runs workers: one for the pod, answering for
+every worker — the ``--workers`` parent of ``graceful run`` (``graceful._cli.workers``)
+and gunicorn's master (``graceful.gunicorn._master``).
 
-With ``--workers N`` and ``--management-port`` the workers open no management listener
-and answer none of the health paths on the app's port (unless ``--health-on-app-port``);
-the parent does, on a thread of its own (its main thread waits on its task queue), with
-the standard library's threading HTTP server:
+There the workers open no management listener and answer none of the health paths on
+the app's port (unless ``--health-on-app-port``); the parent does, on a thread of its own
+(the parent's main thread is busy with its workers), with the standard library's
+threading HTTP server:
 
 * readiness is the pod's: 503 ``starting`` until a worker serves, 200 while the parent
   serves, 503 from its shutdown on (SIGTERM, SIGINT, or a preStop request);
@@ -12,18 +13,19 @@ the standard library's threading HTTP server:
 * preStop starts the parent's shutdown as a SIGTERM would (every worker drains by the
   policy) and answers once every worker exited, or at the kill deadline;
 * metrics: every process's, from ``PROMETHEUS_MULTIPROC_DIR`` (the workers write theirs
-  there; the option is refused without it).
+  there; the option is refused without it), rendered by the caller's ``metrics``.
 
-The listener is bound before the workers start (a port in use is one line and exit 2,
-checked earlier by ``graceful._cli.address``) and closed after the last worker exited
-and the preStop requests in progress were answered.  Its connections are the parent's:
-no worker ever counts them as traffic.
+The listener is bound when it is made (a port in use raises ``OSError``) and closed after
+the last worker exited and the preStop requests in progress were answered.  Its
+connections are the parent's: no worker ever counts them as traffic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import logging
+import os
 import socket
 import threading
 import time
@@ -31,9 +33,10 @@ from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
-from .._options import Values
+__all__ = ("ANSWER_GRACE_S", "MetricsText", "ThreadedManagement")
 
-__all__ = ("ParentManagement",)
+#: ``(names) -> (status, content type, body)``: every process's metrics.
+MetricsText = Callable[[list[str]], tuple[int, str, bytes]]
 
 logger = logging.getLogger("graceful")
 
@@ -42,43 +45,46 @@ logger = logging.getLogger("graceful")
 ANSWER_GRACE_S: Final = 1.0
 
 
-class ParentManagement:
-    """The parent's management listener.
+class ThreadedManagement:
+    """A parent's management listener, on a thread.
 
     Args:
-        values: The checked options (``management_*`` and the four paths).
+        host, port: Where to listen (port 0: any free port; ``port`` tells which).
+        paths: ``{kind: path or None}`` for ``readiness``, ``liveness``, ``prestop``,
+            ``metrics``.
         state: ``() -> (serving, stopping, workers)``: what the parent knows, asked from
-            the listener's threads (plain reads of the supervisor's attributes).
-        stop: Starts the parent's shutdown (run by the parent's main thread: the
-            callable queues it).
+            the listener's threads (plain reads of the parent's attributes).
+        stop: Starts the parent's shutdown, once (a preStop request).
         deadline: ``() -> the monotonic kill deadline, or None``.
+        metrics: Renders every process's metrics (with ``paths["metrics"]``).
+        who: How the start-up line names the listener's owner.
+
+    Raises:
+        OSError: the address cannot be bound.
     """
 
     def __init__(
         self,
-        values: Values,
+        host: str,
+        port: int,
+        paths: dict[str, str | None],
         *,
         state: Callable[[], tuple[bool, bool, int]],
         stop: Callable[[], None],
         deadline: Callable[[], float | None],
+        metrics: MetricsText | None = None,
+        who: str = "for every worker",
     ) -> None:
         self._state = state
         self._stop = stop
         self._deadline = deadline
         self._done = threading.Event()
+        self._pid = 0  # the process that serves it, once started
         self._answering = 0
         self._lock = threading.Lock()
-        self.paths: Final = {
-            path: kind
-            for kind, path in (
-                ("readiness", values["readiness_path"]),
-                ("liveness", values["liveness_path"]),
-                ("prestop", values["prestop_path"]),
-                ("metrics", values["metrics_path"]),
-            )
-            if path is not None
-        }
-        host = values["management_host"] or values["host"]
+        self._metrics_text = metrics
+        self._who = who
+        self.paths: Final = {path: kind for kind, path in paths.items() if path is not None}
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         handler = _handler(self)
         server_class = type(
@@ -86,24 +92,38 @@ class ParentManagement:
             (http.server.ThreadingHTTPServer,),
             {"address_family": family, "daemon_threads": True, "allow_reuse_address": True},
         )
-        self._server = server_class((host, values["management_port"]), handler)
+        self._server = server_class((host, port), handler)
         self.host: Final = host
         self.port: Final = self._server.server_address[1]
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="graceful-management", daemon=True
         )
 
-    def start(self) -> None:
+    def start(self, say: Callable[[str], object] | None = None) -> None:
+        """Serve on a thread; ``say`` logs the start-up line (default: graceful's
+        logger, at INFO)."""
+        self._pid = os.getpid()
         self._thread.start()
-        logger.info(
-            "management listener on %s port %d, for every worker: %s",
+        line = "management listener on {} port {}, {}: {}".format(
             self.host,
             self.port,
+            self._who,
             ", ".join(f"{kind} {path}" for path, kind in self.paths.items()) or "no paths",
         )
+        (say or logger.info)(line)
+
+    def forget(self) -> None:
+        """In a child forked with the listener's socket: close the child's copy (the
+        parent's thread alone serves it)."""
+        with contextlib.suppress(OSError):
+            self._server.socket.close()
 
     def workers_gone(self) -> None:
-        """The last worker exited: answer the preStop requests waiting, then close."""
+        """The last worker exited: answer the preStop requests waiting, then close.
+        Nothing in a child forked from the process that started it (its ``atexit``
+        handlers are inherited; the thread is not)."""
+        if os.getpid() != self._pid:
+            return
         self._done.set()
         until = time.monotonic() + ANSWER_GRACE_S
         while time.monotonic() < until:
@@ -153,27 +173,12 @@ class ParentManagement:
                 self._answering -= 1
 
     def _metrics(self, names: list[str]) -> tuple[int, str, bytes]:
-        from ..metrics._prometheus import (
-            CollectorRegistry,
-            _MultiProcessCollector,
-            choose_encoder,
-        )
-
-        registry = CollectorRegistry()
-        _MultiProcessCollector(registry)
-        target: Any = registry.restricted_registry(names) if names else registry
-        encoder, content_type = choose_encoder("")
-        for pause_s in (0.01, 0.05, None):  # a worker's file caught while it is created
-            try:
-                return 200, content_type, encoder(target)
-            except Exception as exc:
-                if pause_s is None:
-                    return 503, "text/plain", f"metrics unavailable: {exc!r}\n".encode()
-                time.sleep(pause_s)
-        raise AssertionError("unreachable")  # pragma: no cover
+        if self._metrics_text is None:
+            return 404, "text/plain", b"no metrics here\n"
+        return self._metrics_text(names)
 
 
-def _handler(management: ParentManagement) -> type[http.server.BaseHTTPRequestHandler]:
+def _handler(management: ThreadedManagement) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "graceful"
         protocol_version = "HTTP/1.1"
