@@ -109,6 +109,36 @@ def test_probes_on_the_management_port_are_not_traffic(
     assert process.wait_exit() == 0
 
 
+def raw(port: int, data: bytes) -> bytes:
+    """What the management port answers to ``data``, read until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("server", SERVERS)
+def test_what_a_client_sends_ends_only_its_connection(
+    servers: list[ServerProcess], server: tuple[str, str, str]
+) -> None:
+    """A malformed target (urlsplit raises), a head above the limit in one write, a
+    POST, junk: each gets its status, and the listener keeps answering."""
+    process, management = start(servers, server)
+    cases = [
+        (b"GET http://[::1/readyz HTTP/1.1\r\n\r\n", b"HTTP/1.1 400 "),
+        (b"GET /readyz HTTP/1.1\r\nx: " + b"a" * 60000 + b"\r\n\r\n", b"HTTP/1.1 431 "),
+        (b"POST /readyz HTTP/1.1\r\ncontent-length: 0\r\n\r\n", b"HTTP/1.1 405 "),
+        (b"\x16\x03\x01\x00\xa5junk\r\n\r\n", b"HTTP/1.1 400 "),
+        (b"HEAD /readyz HTTP/1.1\r\n\r\n", b"HTTP/1.1 200 "),
+    ]
+    for request, status in cases:
+        assert raw(management, request).startswith(status), request[:40]
+        assert get(management, "/livez")[0] == 200, request[:40]
+    assert not process.has_line("Traceback|background task .* failed"), process.output()
+
+
 def test_health_on_app_port_serves_both(servers: list[ServerProcess]) -> None:
     process, management = start(
         servers, SERVERS[0].values[0], "--health-on-app-port", "--prestop-path", "/prestop"

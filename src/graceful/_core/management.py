@@ -47,6 +47,10 @@ HEAD_LIMIT: Final = 16384
 #: How long a client may take to send its request head, s.
 HEAD_TIMEOUT_S: Final = 10.0
 
+#: The pause before accepting again when ``accept()`` failed (no descriptor left), s.
+ACCEPT_RETRY_S: Final = 0.1
+_TEXT: Final = [("Content-Type", "text/plain; charset=utf-8")]
+
 _REASONS: Final = {
     200: "OK",
     400: "Bad Request",
@@ -182,14 +186,37 @@ class Management:
                 ", ".join(f"{kind} {path}" for path, kind in self.paths.items()) or "no paths",
             )
             self.listening.set()
-            await listener.serve(self._connection)
+            async with anyio.create_task_group() as tg:
+                for one in listener.listeners:
+                    assert isinstance(one, anyio.abc.SocketListener)
+                    tg.start_soon(self._accept, one, tg)
+
+    async def _accept(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
+        """Accept until cancelled.  ``accept()`` failing (no descriptor left) pauses
+        and retries: the listener must outlive anything a client can do."""
+        warned = False
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if not warned:
+                    logger.warning("management listener: accept failed (%s); retrying", exc)
+                    warned = True
+                await anyio.sleep(ACCEPT_RETRY_S)
+                continue
+            warned = False
+            tg.start_soon(self._connection, stream)
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
+        """One request, one answer; whatever a client sends ends only its connection."""
         async with stream:
             try:
                 status, headers, body, head_only = await self._answer(stream)
             except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 return
+            except Exception as exc:  # never the listener's end
+                logger.debug("management listener: bad request: %r", exc)
+                status, headers, body, head_only = 400, _TEXT, b"bad request\n", False
             reason = _REASONS.get(status, "")
             lines = [f"HTTP/1.1 {status} {reason}"]
             lines += [f"{name}: {value}" for name, value in headers]
@@ -203,15 +230,18 @@ class Management:
     async def _answer(
         self, stream: anyio.abc.SocketStream
     ) -> tuple[int, list[tuple[str, str]], bytes, bool]:
-        text = [("Content-Type", "text/plain; charset=utf-8")]
+        text = _TEXT
         head = b""
         with anyio.move_on_after(HEAD_TIMEOUT_S):
-            while b"\r\n\r\n" not in head and b"\n\n" not in head:
+            while _head_end(head) < 0:
                 if len(head) > HEAD_LIMIT:
                     return 431, text, b"request head too large\n", False
-                head += await stream.receive()
-        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+                head += await stream.receive(HEAD_LIMIT + 1 - len(head))
+        end = _head_end(head)
+        if end < 0:
             return 408, text, b"request head not received in time\n", False
+        if end > HEAD_LIMIT:
+            return 431, text, b"request head too large\n", False
         request_line, _, rest = head.partition(b"\n")
         parts = request_line.decode("latin-1").strip().split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
@@ -220,7 +250,10 @@ class Management:
         head_only = method == "HEAD"
         if method not in ("GET", "HEAD"):
             return 405, [*text, ("Allow", "GET, HEAD")], b"method not allowed\n", False
-        url = urlsplit(target)
+        try:
+            url = urlsplit(target)
+        except ValueError:
+            return 400, text, b"bad request target\n", False
         kind = self.paths.get(url.path)
         c = self.coordinator
         if kind is None:
@@ -245,3 +278,9 @@ class Management:
             status, body, content_type = await self._metrics(accept, names)
             return status, [("Content-Type", content_type)], body, head_only
         return status, text, answer.encode(), head_only
+
+
+def _head_end(head: bytes) -> int:
+    """Where the request head ends (the blank line; a bare LF is taken too), or -1."""
+    ends = [i for i in (head.find(b"\r\n\r\n"), head.find(b"\n\n")) if i >= 0]
+    return min(ends, default=-1)
