@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import resource
 import signal
 import socket
 import sys
@@ -136,6 +137,28 @@ def test_what_a_client_sends_ends_only_its_connection(
     for request, status in cases:
         assert raw(management, request).startswith(status), request[:40]
         assert get(management, "/livez")[0] == 200, request[:40]
+    assert not process.has_line("Traceback|background task .* failed"), process.output()
+
+
+TRIO = pytest.param(("hypercorn", "examples.asgi_app:app", HYPERCORN_RUNNING), id="hypercorn-trio")
+
+
+@pytest.mark.parametrize("server", [*SERVERS, TRIO])
+def test_the_listener_outlives_running_out_of_descriptors(
+    servers: list[ServerProcess], server: tuple[str, str, str], request: pytest.FixtureRequest
+) -> None:
+    """EMFILE at accept (the server's limit lowered to 64 descriptors, 80 connections
+    held): one warning, and once they are closed the probes are answered again."""
+    trio = ("--loop", "trio") if request.node.callspec.id.endswith("trio") else ()
+    process, management = start(servers, server, *trio)
+    resource.prlimit(process.proc.pid, resource.RLIMIT_NOFILE, (64, 64))
+    held = [socket.create_connection(("127.0.0.1", management), timeout=10) for _ in range(80)]
+    try:
+        process.wait_for_line(r"management listener: accept failed")
+    finally:
+        for sock in held:
+            sock.close()
+    wait_for_status(management, "/readyz", 200)
     assert not process.has_line("Traceback|background task .* failed"), process.output()
 
 

@@ -69,7 +69,8 @@ def _check_address(values: Values) -> None:
             break  # any free port: the first address is the one that matters
     if values["management_port"] is not None:
         names = ("management_host", "management_port")
-        if values["management_port"] == values["port"] != 0:
+        same_host = (values["management_host"] or values["host"]) == values["host"]
+        if values["management_port"] == values["port"] != 0 and same_host:
             label = values.label
             raise ConfigError(
                 f"{label('management_port')} {values['port']} is the app's {label('port')}: "

@@ -198,7 +198,7 @@ class Management:
         while True:
             try:
                 stream = await listener.accept()
-            except OSError as exc:
+            except (OSError, anyio.BrokenResourceError) as exc:  # trio's EMFILE is the latter
                 if not warned:
                     logger.warning("management listener: accept failed (%s); retrying", exc)
                     warned = True
@@ -256,6 +256,8 @@ class Management:
             return 400, text, b"bad request target\n", False
         kind = self.paths.get(url.path)
         c = self.coordinator
+        if kind == "prestop" and head_only:  # no shutdown for a HEAD
+            return 405, [*text, ("Allow", "GET")], b"method not allowed\n", True
         if kind is None:
             known = ", ".join(self.paths) or "none"
             return 404, text, f"not found (served here: {known})\n".encode(), head_only

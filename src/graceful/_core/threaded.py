@@ -191,8 +191,15 @@ def _handler(management: ThreadedManagement) -> type[http.server.BaseHTTPRequest
             self._respond(head_only=True)
 
         def _respond(self, *, head_only: bool) -> None:
-            url = urlsplit(self.path)
-            status, content_type, body = management.answer(url.path, url.query)
+            try:
+                url = urlsplit(self.path)
+            except ValueError:  # a malformed target: this request's end, not the listener's
+                status, content_type, body = 400, "text/plain", b"bad request target\n"
+            else:
+                if head_only and management.paths.get(url.path) == "prestop":
+                    status, content_type, body = 405, "text/plain", b"method not allowed\n"
+                else:
+                    status, content_type, body = management.answer(url.path, url.query)
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
