@@ -27,24 +27,21 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import itertools
 import json
 import os
-import queue
 import shutil
-import signal
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
+
+from ._netns import Netns
 
 __all__ = ("BUILD_HINT", "CACHE_DIR", "Cluster", "Netns", "unavailable")
 
@@ -57,9 +54,6 @@ FEATURE_GATES: Final = "EndpointSliceTerminatingCondition=true,EndpointSliceNode
 SERVICE_RANGE: Final = "10.96.0.0/16"
 NODE: Final = "node1"
 API_PORT: Final = 6443
-_CLONE_NEWNET: Final = 0x40000000
-_counter = itertools.count()
-T = TypeVar("T")
 
 
 def unavailable() -> str | None:
@@ -73,95 +67,6 @@ def unavailable() -> str | None:
         if shutil.which(tool) is None:
             return f"{tool} is not installed: {BUILD_HINT} (installs it)"
     return None
-
-
-def _setns(fd: int) -> None:
-    setns = getattr(os, "setns", None)
-    if setns is not None:  # Python 3.12+
-        setns(fd, _CLONE_NEWNET)
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.setns(fd, _CLONE_NEWNET) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
-
-
-class Netns:
-    """A private network namespace and a thread inside it that runs what it is given."""
-
-    def __init__(self, prefix: str = "gd") -> None:
-        self.name = f"{prefix}{os.getpid()}n{next(_counter)}"
-        subprocess.run(["ip", "netns", "add", self.name], check=True, capture_output=True)
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
-        entered: Future[None] = Future()
-        self._thread = threading.Thread(
-            target=self._main, args=(entered,), name=f"netns-{self.name}", daemon=True
-        )
-        self._thread.start()
-        try:
-            entered.result(timeout=10)
-        except BaseException:
-            self.close()
-            raise
-
-    def _main(self, entered: Future[None]) -> None:
-        try:
-            with open(f"/var/run/netns/{self.name}") as handle:
-                _setns(handle.fileno())
-        except BaseException as exc:
-            entered.set_exception(exc)
-            return
-        entered.set_result(None)
-        # Each call on a thread of its own, started from here (so inside the namespace
-        # too): a slow API call or command never holds up the others.
-        while (item := self._calls.get()) is not None:
-            threading.Thread(target=self._run, args=item, daemon=True).start()
-
-    @staticmethod
-    def _run(function: Callable[[], Any], result: Future[Any]) -> None:
-        if not result.set_running_or_notify_cancel():
-            return
-        try:
-            result.set_result(function())
-        except BaseException as exc:
-            result.set_exception(exc)
-
-    def call(self, function: Callable[[], T], *, timeout_s: float = 60.0) -> T:
-        """``function()`` on a thread inside the namespace; its result or its exception."""
-        result: Future[T] = Future()
-        self._calls.put((function, result))
-        return result.result(timeout=timeout_s)
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """A command inside the namespace (bounded: 30 s)."""
-        return self.call(
-            lambda: subprocess.run(args, check=check, capture_output=True, text=True, timeout=30)
-        )
-
-    def popen(self, args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-        """A process inside the namespace, in a session of its own."""
-        return self.call(lambda: subprocess.Popen(args, start_new_session=True, **kwargs))
-
-    def pids(self) -> list[int]:
-        found = subprocess.run(
-            ["ip", "netns", "pids", self.name], capture_output=True, text=True, check=False
-        )
-        return [int(p) for p in found.stdout.split()]
-
-    def close(self) -> None:
-        """Kill every process in the namespace (TERM, then KILL after 2 s), delete it."""
-        for signum in (signal.SIGTERM, signal.SIGKILL):
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
-            deadline = time.monotonic() + 2.0
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        self._calls.put(None)
-        self._thread.join(timeout=5)
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True, check=False)
 
 
 class ApiError(Exception):
