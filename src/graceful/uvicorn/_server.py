@@ -115,6 +115,7 @@ class Server(uvicorn.Server):
         self._transports: set[asyncio.BaseTransport] = set()
         self._handovers = Handovers(self.coordinator)
         self._http_class: type[Any] | None = None
+        self._ws_class: type[Any] | None = None
         self._signals_captured = False
         self._hot: HotPath | None = None
         self._shape = UvicornShape(self)
@@ -140,6 +141,7 @@ class Server(uvicorn.Server):
         config.http_protocol_class = self._http_class
         if config.ws_protocol_class is not None:
             config.ws_protocol_class = tracking_class(config.ws_protocol_class, self, counts=False)
+            self._ws_class = config.ws_protocol_class
 
     async def serve(self, sockets: list[Any] | None = None) -> None:
         """Serve until the coordinator stops (see ``uvicorn.Server.serve``).
@@ -252,7 +254,11 @@ class Server(uvicorn.Server):
             self._transport_closed(transport)
 
     def _is_http(self, connection: Any) -> bool:
-        return self._http_class is None or isinstance(connection, self._http_class)
+        """An HTTP connection, not a websocket: ours, or one our protocol handed its
+        transport to (uvicorn's ``--http2`` dispatcher: zttp's HTTP/1.1 or HTTP/2)."""
+        if self._http_class is None or isinstance(connection, self._http_class):
+            return True
+        return self._ws_class is None or not isinstance(connection, self._ws_class)
 
     def _shutdown_connection(self, connection: Any) -> None:
         """Close ``connection`` if idle, else after its response (uvicorn's shutdown)."""
@@ -290,7 +296,10 @@ class Server(uvicorn.Server):
             finally:
                 timer.cancel()
                 self._wake = None
-            if counter % 10 == 0:
+            # A connection handed to zttp is counted out here: once a second while
+            # serving, at every tick from the shutdown request on (the drain ends when
+            # the last one is gone, not up to a second later).
+            if counter % 10 == 0 or self.coordinator.shutdown_requested:
                 self._reap_transports()
             should_exit = await self.on_tick(counter)
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import uvicorn
 from typing_extensions import final
@@ -64,6 +64,8 @@ logger = logging.getLogger("graceful")
 #: from 0.53 on.
 _KEEP_ALIVE_WRITES_CLOSE = tuple(int(p) for p in uvicorn.__version__.split(".")[:2]) >= (0, 53)
 _CLOSE_HEADER = (b"connection", b"close")
+#: How often a busy HTTP/2 connection waiting for its GOAWAY is looked at, s.
+_HTTP2_POLL_S: Final = 0.02
 
 
 def tracking_class(base: type[Any], server: Any, *, counts: bool) -> type[Any]:
@@ -250,6 +252,8 @@ class UvicornShape(ServerShape):
         self.server = server
         self.adopted: list[Any] = []  # the hot path's cycles running at adoption
         self.closing: asyncio.Future[Any] | None = None
+        #: Busy HTTP/2 connections waiting for their GOAWAY: the highest stream seen.
+        self.http2_busy: dict[Any, int] = {}
 
     def cycles(self) -> list[Any]:
         """The request cycle (scope, send, response state) of every HTTP connection."""
@@ -291,6 +295,7 @@ class UvicornShape(ServerShape):
         cycle writes it only when the *request* carried it, so there the header joins the
         request's header list too (a hop-by-hop header, meant for this connection).
         """
+        self.goaway_http2()
         hot = self.server._hot
         if hot is None or hot.failed:
             return
@@ -301,6 +306,53 @@ class UvicornShape(ServerShape):
                     headers = cycle.scope["headers"]
                     if _CLOSE_HEADER not in headers:
                         headers.append(_CLOSE_HEADER)
+
+    def goaway_http2(self) -> None:
+        """Every HTTP/2 connection (uvicorn's zttp) is told to go away (``goaway``)."""
+        for connection in list(self.server.server_state.connections):
+            if _is_http2(connection):
+                self.goaway(connection)
+
+    def goaway(self, connection: Any) -> None:
+        """An HTTP/2 connection told to go away (RFC 9113 §6.8), as graceful's hypercorn
+        does (docs/hypercorn.md, "HTTP/2 and GOAWAY"): an idle one gets GOAWAY naming
+        its last stream and is closed at once (uvicorn's ``shutdown``); a busy one right
+        after its last response in flight — an ``h2``-based client such as httpx fails a
+        response still arriving when a GOAWAY comes — and the streams it opens meanwhile
+        are served.  While draining, one that keeps opening streams while others run
+        gets it at once (zttp still serves the streams it names), or it would never go.
+        """
+        transport = connection.transport
+        if transport is None or transport.is_closing() or connection in self.http2_busy:
+            return
+        if not connection.cycles:
+            connection.shutdown()
+            return
+        self.http2_busy[connection] = max(connection.cycles)
+        self._watch_http2(connection)
+
+    def _watch_http2(self, connection: Any) -> None:
+        seen = self.http2_busy.get(connection)
+        loop = self.server._loop
+        if seen is None or loop is None or connection.transport.is_closing():
+            self.http2_busy.pop(connection, None)
+            return
+        if not connection.cycles:  # its last response went out: GOAWAY, closed
+            del self.http2_busy[connection]
+            connection.shutdown()
+            return
+        highest = max(connection.cycles)
+        if (
+            highest > seen
+            and len(connection.cycles) > 1
+            and self.coordinator.draining
+            and not connection.shutdown_requested
+        ):
+            connection.conn.close()  # GOAWAY now, naming the highest stream received
+            connection.flush()
+            connection.shutdown_requested = True  # closed once its last stream ends
+        self.http2_busy[connection] = max(highest, seen)
+        loop.call_later(_HTTP2_POLL_S, self._watch_http2, connection)
 
     def close_listeners(self) -> None:
         server, loop = self.server, self.server._loop
@@ -325,6 +377,9 @@ class UvicornShape(ServerShape):
         connection: Any
         for connection in list(server.server_state.connections):
             if not server._is_http(connection):
+                continue
+            if _is_http2(connection):  # GOAWAY: at once if idle, else after its last stream
+                self.goaway(connection)
                 continue
             cycle = getattr(connection, "cycle", None)
             if cycle is not None and not getattr(cycle, "response_complete", True):
@@ -368,3 +423,11 @@ class UvicornShape(ServerShape):
     async def lifespan_shutdown(self) -> None:
         if not self.server.force_exit:
             await self.server.lifespan.shutdown()
+
+
+def _is_http2(connection: Any) -> bool:
+    """uvicorn's zttp HTTP/2 protocol: its streams' request cycles by id (``cycles``), its
+    zttp connection (``conn``)."""
+    return isinstance(getattr(connection, "cycles", None), dict) and hasattr(
+        getattr(connection, "conn", None), "close"
+    )

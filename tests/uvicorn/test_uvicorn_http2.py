@@ -1,0 +1,164 @@
+"""uvicorn's own HTTP/2 (``--http zttp --http2``) at a rolling restart: every HTTP/2
+connection is told to go away when nudging begins — GOAWAY naming the last stream it
+will serve, idle ones closed at once, busy ones after their last response — and zttp's
+HTTP/1.1 connections are closed like uvicorn's others, so the server leaves right after
+the last response in flight instead of at the deadline.  h2c (prior knowledge) on a
+frame-level client and on httpx, and TLS with ALPN.  Every wait is on a log line, a
+frame or an exit."""
+
+from __future__ import annotations
+
+import signal
+import ssl
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.cli.test_cli_servers import certificate  # noqa: F401 (a fixture)
+from tests.support.hypercorn_apps.h2frames import RawH2
+from tests.support.servers import RawHTTP, ServerProcess
+
+pytest.importorskip("uvicorn.protocols.http.zttp_h2_impl", reason="uvicorn before zttp")
+httpx = pytest.importorskip("httpx")
+
+RUNNING = r"running on https?://127\.0\.0\.1:(\d+)"
+ACCEPTING = r"serving -> accepting"
+DRAINING = r"accepting -> draining"
+#: The longest a server may take to leave once the last response in flight was sent.
+LEAVES_WITHIN_S = 1.0
+
+
+@pytest.fixture
+def h2_servers() -> Any:
+    started: list[ServerProcess] = []
+    yield started
+    RawH2.close_all()
+    RawHTTP.close_all()
+    for server in started:
+        server.stop()
+
+
+def start(started: list[ServerProcess], *options: str) -> ServerProcess:
+    server = ServerProcess(
+        [sys.executable, "-m", "graceful", "run", "examples.asgi_app:app", "--port", "0",
+         "--http", "zttp", "--http2", "--grace-period", "6", *options]
+    )  # fmt: skip
+    started.append(server)
+    server.port = int(server.wait_for_line(RUNNING).group(1))
+    return server
+
+
+def exit_after(server: ServerProcess, answered_at: float) -> float:
+    """How long after ``answered_at`` (monotonic) the server exited, status 0."""
+    assert server.wait_exit() == 0, server.output()
+    return time.monotonic() - answered_at
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--policy", "accept-until-idle", "--idle", "1"], ["--policy", "refuse-immediately"]],
+    ids=["accept-until-idle", "refuse-immediately"],
+)
+def test_busy_and_idle_http2_connections_go_away_and_the_server_leaves_after_the_last(
+    h2_servers: list[ServerProcess], options: list[str]
+) -> None:
+    server = start(h2_servers, *options)
+    idle = RawH2(server.port)
+    assert idle.response(idle.request("/")) == (200, b"hello\n")
+    busy = RawH2(server.port)
+    assert busy.response(busy.request("/")) == (200, b"hello\n")
+    slow = busy.request("/slow?s=2")  # stream 3
+    server.wait_for_line(r"slow request started")
+    server.signal(signal.SIGTERM)
+    # The idle connection: GOAWAY naming its last stream, then closed, at once.
+    idle.wait("eof", timeout_s=2)
+    assert idle.events == ["end 1", "goaway 1", "eof"], idle
+    assert (idle.goaways[0].last_stream_id, idle.goaways[0].error_code) == (1, 0)
+    # The busy one: its response in flight completes, then GOAWAY naming stream 3 (an
+    # h2-based client fails a response still arriving when a GOAWAY comes), closed.
+    assert busy.response(slow) == (200, b"slept 2\n")
+    answered = time.monotonic()
+    busy.wait("eof")
+    assert busy.events[:3] == ["end 1", "end 3", "goaway 3"], busy
+    assert not [e for e in busy.events if e.startswith("rst")], busy
+    assert {g.last_stream_id for g in busy.goaways} == {3}, busy
+    assert exit_after(server, answered) < LEAVES_WITHIN_S, server.output()
+    assert server.has_line(r"draining -> stopping: drained \(0 connections"), server.output()
+
+
+def test_httpx_http2_client_moves_to_a_new_connection_while_accepting(
+    h2_servers: list[ServerProcess],
+) -> None:
+    """accept-until-idle nudges: httpx's HTTP/2 connection is told to go away, and its
+    next request opens a new one, still served here; nothing fails."""
+    server = start(h2_servers, "--policy", "accept-until-idle", "--idle", "2")
+    url = f"http://127.0.0.1:{server.port}/"
+    with httpx.Client(http1=False, http2=True, timeout=15) as client:
+        assert client.get(url).http_version == "HTTP/2"
+        server.signal(signal.SIGTERM)
+        server.wait_for_line(ACCEPTING)
+        statuses = []
+        for _ in range(5):  # bounded: a request every 0.1 s while accepting
+            response = client.get(url)
+            statuses.append((response.http_version, response.status_code))
+            time.sleep(0.1)
+        assert set(statuses) == {("HTTP/2", 200)}, statuses
+    assert not server.has_line(DRAINING) or server.has_line(r"no new connection for 2 s")
+    assert server.wait_exit() == 0
+
+
+def test_zttp_http1_keep_alive_is_closed_and_the_server_leaves_after_the_last(
+    h2_servers: list[ServerProcess],
+) -> None:
+    """zttp's HTTP/1.1 protocol (the dispatcher's other half): an idle keep-alive
+    connection is closed at draining, and the server leaves right after the request in
+    flight (it waited for the deadline before)."""
+    server = start(h2_servers, "--policy", "accept-until-idle", "--idle", "1")
+    idle = RawHTTP(server.port)
+    assert idle.get("/")[0] == 200
+    busy = RawHTTP(server.port)
+    busy.send("/slow?s=2")
+    server.wait_for_line(r"slow request started")
+    server.signal(signal.SIGTERM)
+    status, headers, _ = busy.response()
+    answered = time.monotonic()
+    assert (status, headers.get("connection")) == (200, "close")
+    assert idle.closed_by_peer()
+    assert exit_after(server, answered) < LEAVES_WITHIN_S, server.output()
+
+
+def test_tls_with_alpn_h2_goes_away_too(
+    h2_servers: list[ServerProcess],
+    certificate: tuple[str, str],  # noqa: F811 (the fixture)
+) -> None:
+    """h2 negotiated by ALPN over TLS: the request in flight completes on HTTP/2, the
+    connection goes away after it, and the server leaves right after."""
+    cert, key = certificate
+    server = start(
+        h2_servers, "--ssl-certfile", cert, "--ssl-keyfile", key, "--policy", "refuse-immediately"
+    )
+    context = ssl.create_default_context(cafile=cert)
+    result: dict[str, Any] = {}
+    with httpx.Client(http1=False, http2=True, verify=context, timeout=15) as client:
+        url = f"https://127.0.0.1:{server.port}"
+        assert client.get(f"{url}/").http_version == "HTTP/2"
+
+        def slow() -> None:
+            result["response"] = client.get(f"{url}/slow?s=2")
+            result["at"] = time.monotonic()
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        server.wait_for_line(r"slow request started")
+        server.signal(signal.SIGTERM)
+        thread.join(15)
+    response = result["response"]
+    assert (response.http_version, response.status_code, response.text) == (
+        "HTTP/2",
+        200,
+        "slept 2\n",
+    )
+    assert exit_after(server, result["at"]) < LEAVES_WITHIN_S, server.output()
