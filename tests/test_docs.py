@@ -249,7 +249,12 @@ def test_kubernetes_example_is_valid() -> None:
     assert _config.boolean(environ["GRACEFUL_KUBERNETES"])
     # The fallback if the API cannot be read: the pod's own grace period.
     assert float(environ["GRACEFUL_GRACE_PERIOD"]) == pod["terminationGracePeriodSeconds"]
-    assert "lifecycle" not in container  # no preStop sleep
+    # No preStop sleep: the preStop hook, if any, is graceful's endpoint (it drains).
+    prestop = container.get("lifecycle", {}).get("preStop")
+    if prestop is not None:
+        assert "exec" not in prestop, prestop
+        get = prestop["httpGet"]
+        assert (get["path"], get["port"]) == (environ["GRACEFUL_PRESTOP_PATH"], "management")
     # The service account the Role is bound to.
     rbac = list(yaml.safe_load_all((ROOT / "examples" / "kubernetes" / "rbac.yaml").read_text()))
     (binding,) = (doc for doc in rbac if doc["kind"] == "RoleBinding")
