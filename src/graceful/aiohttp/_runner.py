@@ -151,7 +151,9 @@ class AppRunner(web.AppRunner):
         metrics_path: Passed to ``setup`` if the application was not set up yet.
         readiness_on_shutdown: Passed to ``setup`` if the application was not set up
             yet.
-        management_port, management_host, health_on_app_port: Likewise.
+        management_port: Passed to ``setup`` if the application was not set up yet.
+        management_host: Passed to ``setup`` if the application was not set up yet.
+        health_on_app_port: Passed to ``setup`` if the application was not set up yet.
         kwargs: ``aiohttp.web.AppRunner``'s (``access_log``, ``keepalive_timeout``,
             ``shutdown_timeout`` — which bounds only ``cleanup`` of what the
             coordinator left, …).  ``handle_signals`` must stay ``False``: signals go to
