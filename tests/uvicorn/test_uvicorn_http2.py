@@ -27,8 +27,9 @@ httpx = pytest.importorskip("httpx")
 RUNNING = r"running on https?://127\.0\.0\.1:(\d+)"
 ACCEPTING = r"serving -> accepting"
 DRAINING = r"accepting -> draining"
-#: The longest a server may take to leave once the last response in flight was sent.
-LEAVES_WITHIN_S = 1.0
+#: The drain ended because nothing was left, not at its deadline (how soon after the
+#: last response is a benchmark's figure, not a test's: docs/uvicorn.md).
+DRAINED = r"draining -> stopping: drained \(0 connections"
 
 
 @pytest.fixture
@@ -51,10 +52,11 @@ def start(started: list[ServerProcess], *options: str) -> ServerProcess:
     return server
 
 
-def exit_after(server: ServerProcess, answered_at: float) -> float:
-    """How long after ``answered_at`` (monotonic) the server exited, status 0."""
+def left_when_drained(server: ServerProcess) -> bool:
+    """The server exited 0, its drain ended by itself (nothing left), not at the
+    deadline."""
     assert server.wait_exit() == 0, server.output()
-    return time.monotonic() - answered_at
+    return server.has_line(DRAINED) and not server.has_line(r"deadline reached")
 
 
 @pytest.mark.parametrize(
@@ -80,13 +82,11 @@ def test_busy_and_idle_http2_connections_go_away_and_the_server_leaves_after_the
     # The busy one: its response in flight completes, then GOAWAY naming stream 3 (an
     # h2-based client fails a response still arriving when a GOAWAY comes), closed.
     assert busy.response(slow) == (200, b"slept 2\n")
-    answered = time.monotonic()
     busy.wait("eof")
     assert busy.events[:3] == ["end 1", "end 3", "goaway 3"], busy
     assert not [e for e in busy.events if e.startswith("rst")], busy
     assert {g.last_stream_id for g in busy.goaways} == {3}, busy
-    assert exit_after(server, answered) < LEAVES_WITHIN_S, server.output()
-    assert server.has_line(r"draining -> stopping: drained \(0 connections"), server.output()
+    assert left_when_drained(server), server.output()
 
 
 def test_httpx_http2_client_moves_to_a_new_connection_while_accepting(
@@ -124,10 +124,9 @@ def test_zttp_http1_keep_alive_is_closed_and_the_server_leaves_after_the_last(
     server.wait_for_line(r"slow request started")
     server.signal(signal.SIGTERM)
     status, headers, _ = busy.response()
-    answered = time.monotonic()
     assert (status, headers.get("connection")) == (200, "close")
     assert idle.closed_by_peer()
-    assert exit_after(server, answered) < LEAVES_WITHIN_S, server.output()
+    assert left_when_drained(server), server.output()
 
 
 def test_tls_with_alpn_h2_goes_away_too(
@@ -148,7 +147,6 @@ def test_tls_with_alpn_h2_goes_away_too(
 
         def slow() -> None:
             result["response"] = client.get(f"{url}/slow?s=2")
-            result["at"] = time.monotonic()
 
         thread = threading.Thread(target=slow)
         thread.start()
@@ -161,4 +159,4 @@ def test_tls_with_alpn_h2_goes_away_too(
         200,
         "slept 2\n",
     )
-    assert exit_after(server, result["at"]) < LEAVES_WITHIN_S, server.output()
+    assert left_when_drained(server), server.output()

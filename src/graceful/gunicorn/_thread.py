@@ -19,10 +19,12 @@ from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 
+from .._core.policy import Phase
+from ._http2 import Http2GoAway
 from ._wsgi import _GracefulWSGIWorker, _refuse
 
 
-class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[misc]
+class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[misc]
     """gunicorn's ``gthread`` worker following graceful's shutdown policy
     (``-k graceful.gunicorn.ThreadWorker``).
 
@@ -31,8 +33,13 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
     close`` (kept-alive clients reconnect, to a new pod once the load balancer knows).
     Once draining begins gunicorn's own stop runs: the connections already queued are
     accepted first (gunicorn 24+), in-flight requests finish, idle kept-alive
-    connections are closed.
+    connections are closed.  gunicorn's own HTTP/2 (27+) gets a GOAWAY when nudging
+    begins (``graceful.gunicorn._http2``).
     """
+
+    def _on_phase(self, phase: Phase) -> None:
+        super()._on_phase(phase)
+        self.wake_http2()  # each HTTP/2 connection's thread looks at its GOAWAY
 
     def _prestop_waits(self) -> bool:
         return int(self.cfg.threads) > 1
@@ -70,6 +77,7 @@ class ThreadWorker(_GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[mis
 
     def _stop_accepting(self) -> None:
         self.alive = False  # gunicorn's loop stops accepting and drains
+        self.wake_http2()
         wake = getattr(getattr(self, "method_queue", None), "defer", None)
         if wake is not None:  # gunicorn 24+: wake the loop now, not within 1 s
             wake(lambda: None)
