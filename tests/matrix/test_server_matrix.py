@@ -113,6 +113,8 @@ class GracefulRun(AsgiRow):
 
     loop: str
     http: str
+    #: More of ``graceful run``'s options (``--http2`` for zttp).
+    extra: tuple[str, ...] = ()
     # uvicorn reports the code the client echoed.
     websocket_closed: str = r"websocket disconnected with code 1001"
     # The app is told at once (after the close grace) and its session ends; the TCP
@@ -126,9 +128,11 @@ class GracefulRun(AsgiRow):
     def command(self, options: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         if self.loop == "uvloop":
             pytest.importorskip("uvloop")
+        if self.http == "zttp":
+            pytest.importorskip("uvicorn.protocols.http.zttp_impl", reason="uvicorn before zttp")
         return [
             sys.executable, "-m", "graceful", "run", ASGI_APP, "--port", "0",
-            "--loop", self.loop, "--http", self.http, *command_line(options),
+            "--loop", self.loop, "--http", self.http, *self.extra, *command_line(options),
         ], {}  # fmt: skip
 
     def ready(self, server: ServerProcess) -> None:
@@ -199,6 +203,9 @@ ROWS: list[Row] = [
         for loop in ("asyncio", "uvloop")  # uvloop hides accept races
         for http in ("h11", "httptools")
     ),
+    # uvicorn's own HTTP/2 (zttp, the --http2 dispatcher): every case on its HTTP/1.1
+    # side; its HTTP/2 side in tests/uvicorn/test_uvicorn_http2.py and test_http2_rollout.py.
+    GracefulRun(id="uvicorn-zttp-http2", loop="asyncio", http="zttp", extra=("--http2",)),
     *(
         Hypercorn(id=f"hypercorn-{worker}", worker=worker)
         for worker in ("asyncio", "uvloop", "trio")
