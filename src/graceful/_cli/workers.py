@@ -63,7 +63,7 @@ from .command import EXIT_FAILED, EXIT_NOT_STARTED, EXIT_OK, Invocation
 from .tasks import _Tasks
 
 if TYPE_CHECKING:
-    from .._core.threaded import ThreadedManagement
+    from .._core.threaded import MetricsText, ThreadedManagement
     from .._options import Values
 
 logger = logging.getLogger("graceful")
@@ -98,13 +98,11 @@ def _management(values: Values, supervisor: _Supervisor) -> ThreadedManagement:
     """The pod's management listener, in the parent (``graceful._core.threaded``)."""
     from .._core.threaded import ThreadedManagement
 
-    metrics = None
+    metrics: MetricsText | None = None
     if values["metrics_path"] is not None:
         from ..metrics import every_process
 
-        def metrics(names: list[str]) -> tuple[int, str, bytes]:
-            status, body, content_type = every_process(names)
-            return status, content_type, body
+        metrics = every_process
 
     return ThreadedManagement(
         values["management_host"] or values["host"],

@@ -29,14 +29,15 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = ("ANSWER_GRACE_S", "MetricsText", "ThreadedManagement")
 
-#: ``(names) -> (status, content type, body)``: every process's metrics.
-MetricsText = Callable[[list[str]], tuple[int, str, bytes]]
+#: ``(names) -> (status, body, content type)``: every process's metrics
+#: (``graceful.metrics.every_process``).
+MetricsText = Callable[[Sequence[str]], tuple[int, bytes, str]]
 
 logger = logging.getLogger("graceful")
 
@@ -175,7 +176,8 @@ class ThreadedManagement:
     def _metrics(self, names: list[str]) -> tuple[int, str, bytes]:
         if self._metrics_text is None:
             return 404, "text/plain", b"no metrics here\n"
-        return self._metrics_text(names)
+        status, body, content_type = self._metrics_text(names)
+        return status, content_type, body
 
 
 def _handler(management: ThreadedManagement) -> type[http.server.BaseHTTPRequestHandler]:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import _options as _config
-from .._core.threaded import ThreadedManagement
+from .._core.threaded import MetricsText, ThreadedManagement
 
 __all__ = ("check_in_master", "master_listens", "worker_values")
 
@@ -102,13 +102,11 @@ def _serve_management(values: _config.Values, cfg: Any, log: Any) -> None:
         stopping = had_listeners and not getattr(arbiter, "LISTENERS", None)
         return workers > 0, stopping, workers
 
-    metrics = None
+    metrics: MetricsText | None = None
     if values["metrics_path"] is not None:
         from ..metrics import every_process
 
-        def metrics(names: list[str]) -> tuple[int, str, bytes]:
-            status, body, content_type = every_process(names)
-            return status, content_type, body
+        metrics = every_process
 
     stopped: list[bool] = []
 
