@@ -25,7 +25,7 @@ from tests.cli.test_cli_servers import (
     HYPERCORN_RUNNING,
     UVICORN_RUNNING,
 )
-from tests.support.servers import RawHTTP, ServerProcess, connection_refused
+from tests.support.servers import RawHTTP, ServerProcess, connection_refused, wait_for
 
 pytest.importorskip("prometheus_client")
 
@@ -278,10 +278,9 @@ MANAGEMENT_PARENT = r"management listener on 127\.0\.0\.1 port (\d+), for every 
 
 def wait_until_ready(port: int, timeout_s: float = 15.0) -> None:
     """Until the parent's readiness says a worker serves (its first byte on the pipe)."""
-    deadline = time.monotonic() + timeout_s
-    while get(port, "/readyz")[0] != 200:
-        assert time.monotonic() < deadline, "the parent never became ready"
-        time.sleep(0.05)
+    wait_for(
+        lambda: get(port, "/readyz")[0] == 200, timeout_s, "the pod's readiness 200", poll_s=0.02
+    )
 
 
 GUNICORN_WORKERS = [
@@ -356,7 +355,6 @@ def test_a_prestop_on_gunicorns_master_drains_every_worker(
 
 
 def wait_for_status(port: int, path: str, status: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while get(port, path)[0] != status:
-        assert time.monotonic() < deadline, f"{path} never answered {status}"
-        time.sleep(0.02)
+    wait_for(
+        lambda: get(port, path)[0] == status, timeout_s, f"{path} answering {status}", poll_s=0.02
+    )
