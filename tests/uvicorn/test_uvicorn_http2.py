@@ -137,7 +137,17 @@ def test_tls_with_alpn_h2_goes_away_too(
     connection goes away after it, and the server leaves right after."""
     cert, key = certificate
     server = start(
-        h2_servers, "--ssl-certfile", cert, "--ssl-keyfile", key, "--policy", "refuse-immediately"
+        h2_servers,
+        # asyncio's own TLS transport: uvloop (the default when installed) hid a crash
+        # at the exit on it
+        "--loop",
+        "asyncio",
+        "--ssl-certfile",
+        cert,
+        "--ssl-keyfile",
+        key,
+        "--policy",
+        "refuse-immediately",
     )
     context = ssl.create_default_context(cafile=cert)
     result: dict[str, Any] = {}

@@ -330,7 +330,10 @@ def _closed(transport: asyncio.BaseTransport) -> bool:
     """Whether ``transport``'s socket is closed (asyncio and uvloop alike)."""
     if not transport.is_closing():
         return False
-    sock = transport.get_extra_info("socket")
+    try:
+        sock = transport.get_extra_info("socket")
+    except AttributeError:  # asyncio's TLS transport once its SSL protocol let go of it
+        return True
     return sock is None or sock.fileno() == -1
 
 
