@@ -8,16 +8,14 @@ httpx, and TLS with ALPN.  Every wait is on a log line, a frame or an exit."""
 from __future__ import annotations
 
 import signal
-import ssl
 import sys
-import threading
 from typing import Any
 
 import pytest
 
 from tests.cli.test_cli_servers import certificate  # noqa: F401 (a fixture)
 from tests.support.hypercorn_apps.h2frames import RawH2
-from tests.support.servers import ServerProcess
+from tests.support.servers import ServerProcess, h2_tls_request_across_sigterm
 
 pytest.importorskip("gunicorn")
 httpx = pytest.importorskip("httpx")
@@ -109,21 +107,7 @@ def test_tls_alpn_h2_request_in_flight_completes_then_goaway(
 ) -> None:
     cert, key = certificate
     server = start(h2_servers, "--certfile", cert, "--keyfile", key)
-    context = ssl.create_default_context(cafile=cert)
-    result: dict[str, Any] = {}
-    with httpx.Client(http1=False, http2=True, verify=context, timeout=15) as client:
-        url = f"https://127.0.0.1:{server.port}"
-        assert client.get(f"{url}/").http_version == "HTTP/2"
-
-        def slow() -> None:
-            result["response"] = client.get(f"{url}/slow?s=2")
-
-        thread = threading.Thread(target=slow)
-        thread.start()
-        server.wait_for_line(r"slow request started")
-        server.signal(signal.SIGTERM)
-        thread.join(15)
-    response = result["response"]
+    response = h2_tls_request_across_sigterm(server, cert, "/slow?s=2")
     assert (response.http_version, response.status_code) == ("HTTP/2", 200)
     assert server.wait_exit(timeout_s=20) == 0
     assert server.has_line(DRAINED), server.output()

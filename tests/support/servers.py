@@ -8,13 +8,14 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from graceful._core.coordinator import DUPLICATE_WINDOW_S
 
@@ -404,3 +405,25 @@ def metric(port: int, name: str) -> float:
     found = re.search(rf"(?m)^{name} (\S+)$", body.decode())
     assert found, body
     return float(found[1])
+
+
+def h2_tls_request_across_sigterm(server: ServerProcess, cert: str, path: str) -> Any:
+    """Over TLS with ALPN h2 (httpx): one request first, then ``path`` — which must
+    print ``slow request started`` — in flight while ``server`` gets SIGTERM; its
+    response (an ``httpx.Response``)."""
+    import httpx
+
+    context = ssl.create_default_context(cafile=cert)
+    result: dict[str, Any] = {}
+    with httpx.Client(http1=False, http2=True, verify=context, timeout=15) as client:
+        url = f"https://127.0.0.1:{server.port}"
+        assert client.get(f"{url}/").http_version == "HTTP/2"
+        thread = threading.Thread(
+            target=lambda: result.setdefault("response", client.get(f"{url}{path}"))
+        )
+        thread.start()
+        server.wait_for_line(r"slow request started")
+        server.signal(signal.SIGTERM)
+        thread.join(15)
+    assert "response" in result, f"no response to {path}"
+    return result["response"]

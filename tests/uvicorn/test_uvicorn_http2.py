@@ -9,9 +9,7 @@ frame or an exit."""
 from __future__ import annotations
 
 import signal
-import ssl
 import sys
-import threading
 import time
 from typing import Any
 
@@ -19,7 +17,7 @@ import pytest
 
 from tests.cli.test_cli_servers import certificate  # noqa: F401 (a fixture)
 from tests.support.hypercorn_apps.h2frames import RawH2
-from tests.support.servers import RawHTTP, ServerProcess
+from tests.support.servers import RawHTTP, ServerProcess, h2_tls_request_across_sigterm
 
 pytest.importorskip("uvicorn.protocols.http.zttp_h2_impl", reason="uvicorn before zttp")
 httpx = pytest.importorskip("httpx")
@@ -149,21 +147,7 @@ def test_tls_with_alpn_h2_goes_away_too(
         "--policy",
         "refuse-immediately",
     )
-    context = ssl.create_default_context(cafile=cert)
-    result: dict[str, Any] = {}
-    with httpx.Client(http1=False, http2=True, verify=context, timeout=15) as client:
-        url = f"https://127.0.0.1:{server.port}"
-        assert client.get(f"{url}/").http_version == "HTTP/2"
-
-        def slow() -> None:
-            result["response"] = client.get(f"{url}/slow?s=2")
-
-        thread = threading.Thread(target=slow)
-        thread.start()
-        server.wait_for_line(r"slow request started")
-        server.signal(signal.SIGTERM)
-        thread.join(15)
-    response = result["response"]
+    response = h2_tls_request_across_sigterm(server, cert, "/slow?s=2")
     assert (response.http_version, response.status_code, response.text) == (
         "HTTP/2",
         200,
