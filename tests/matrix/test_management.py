@@ -105,7 +105,8 @@ def test_probes_on_the_management_port_are_not_traffic(
         readiness.append(get(management, "/readyz")[0])
         time.sleep(0.1)  # the probe period of this scenario
     line = process.wait_for_line(r"accepting -> draining: (.*)", timeout_s=1).group(1)
-    assert "no new connection for 1 s" in line, process.output()
+    # The window is a second; the line gives what was measured (1.01 s on a busy loop).
+    assert re.match(r"no new connection for 1(\.\d+)? s", line), process.output()
     assert set(readiness) == {503}, readiness
     assert process.wait_exit() == 0
 
