@@ -48,7 +48,7 @@ from typing_extensions import Self, final
 
 from ._core.coordinator import ShutdownCoordinator, _check_coordinator
 from ._core.engine import _check_callable
-from ._core.listeners import Handovers, close_keeping_backlog, count_accepts
+from ._core.listeners import CLOSE_BOUND_S, Handovers, close_keeping_backlog, count_accepts
 from ._core.policy import Phase
 
 __all__ = ("GracefulServer", "Messages", "create_server", "start_server")
@@ -345,7 +345,7 @@ class GracefulServer:
     ) -> None:
         self.close()
         if self._closing is not None:
-            await asyncio.wait((self._closing,), timeout=1.0)
+            await asyncio.wait((self._closing,), timeout=CLOSE_BOUND_S)
         await self.wait_closed(timeout_s=1.0)
 
 

@@ -76,6 +76,7 @@ if TYPE_CHECKING:
     from .tracking import Tracking
 
 __all__ = (
+    "CLOSE_BOUND_S",
     "Handovers",
     "close_keeping_backlog",
     "count_accepts",
@@ -256,7 +257,15 @@ def close_keeping_backlog(
         # trip), then less and less often.
         deadline = time.monotonic() + _HANDSHAKES_WAIT_S
         poll_s = _HANDSHAKES_POLL_S
-        while handshakes_under_way(dups) and time.monotonic() < deadline:
+        while handshakes_under_way(dups):
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "listener closed with handshakes still under way after %.1f s: "
+                    "their clients are reset (a client gone, or one deferred by "
+                    "TCP_DEFER_ACCEPT that has not sent yet)",
+                    _HANDSHAKES_WAIT_S,
+                )
+                break
             await asyncio.sleep(poll_s)
             poll_s = min(2 * poll_s, _HANDSHAKES_POLL_MAX_S)
             accept_more()
@@ -276,6 +285,10 @@ _HANDOVER_ITERATIONS: Final = 1000
 #: ACK is a round trip away; a lost one is answered to the SYN-ACK the kernel resends after
 #: a second.  (A handshake that never completes — a scanner, a client gone — costs this.)
 _HANDSHAKES_WAIT_S: Final = 1.0
+#: The longest the future ``close_keeping_backlog`` returns takes (the wait above, its last
+#: poll and the hand-overs' iterations): who awaits it waits this long, not less, or the
+#: close is cut short before it served the handshakes it waited for.
+CLOSE_BOUND_S: Final = _HANDSHAKES_WAIT_S + 0.5
 _HANDSHAKES_POLL_S: Final = 0.005
 _HANDSHAKES_POLL_MAX_S: Final = 0.05
 
