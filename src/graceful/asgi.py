@@ -431,9 +431,17 @@ class GracefulMiddleware:
 
     async def _readiness(self, scope: Scope, receive: Receive, send: Send) -> None:
         starting = self._lifespan_seen and not self._started
+        client = scope.get("client")
+        agent = next((v for k, v in scope.get("headers", ()) if k == b"user-agent"), None)
         await self._respond(
             send,
-            *_health.readiness(self.coordinator, self.readiness_on_shutdown, starting=starting),
+            *_health.readiness(
+                self.coordinator,
+                self.readiness_on_shutdown,
+                starting=starting,
+                peer=str(client[0]) if client else None,
+                user_agent=None if agent is None else agent.decode("latin-1"),
+            ),
         )
 
     async def _liveness(self, scope: Scope, receive: Receive, send: Send) -> None:

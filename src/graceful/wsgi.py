@@ -345,7 +345,11 @@ class GracefulMiddleware:
         return _Tracked(result, functools.partial(self.thread.call, started.finish, c))
 
     def _readiness(self, environ: Environ) -> tuple[str, str, bytes]:
-        return _text(*_health.readiness(self.coordinator, self.readiness_on_shutdown))
+        c = self.coordinator
+        status, text = _health.readiness(c, self.readiness_on_shutdown, count=False)
+        peer, agent = environ.get("REMOTE_ADDR"), environ.get("HTTP_USER_AGENT")
+        self.thread.call(c.health_checkers.answered, peer, agent, status)
+        return _text(status, text)
 
     def _liveness(self, environ: Environ) -> tuple[str, str, bytes]:
         return _text(*_health.liveness(self.coordinator))

@@ -28,6 +28,7 @@ BAD = {
     "SECONDS": "nan",
     "PORT": "99999999999999999999999",
     "N": "0",
+    "COUNT": "-1",
     "PATH": "relative",
     "BOOL": "maybe",
     "HOST": "a..b",

@@ -38,6 +38,7 @@ from typing_extensions import final
 
 from . import deadlines as _deadlines
 from . import logging as _logging
+from .checkers import HealthCheckers
 from .checks import GRACE_PERIOD_ENV as GRACE_PERIOD_ENV
 from .checks import _check_callable, _check_kill_margin, _check_phase, _check_policy, _grace_period
 from .checks import _check_signals as _check_signals  # the adapters import it from here
@@ -314,6 +315,13 @@ class ShutdownCoordinator(Tracking):
     def notify_endpoint_removed(self) -> None:
         """Report that the pod is gone from its EndpointSlice (no more new traffic)."""
         self._engine.notify_endpoint_removed()
+
+    @property
+    def health_checkers(self) -> HealthCheckers:
+        """The readiness probes seen per checker (``graceful._core.checkers``): the
+        health endpoints report each answer, the Kubernetes integration declares the
+        kubelet's probe."""
+        return self._engine.checkers
 
     # -------------------------------------------------------------------- waiting
 

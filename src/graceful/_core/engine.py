@@ -84,6 +84,7 @@ class PhaseEngine(PhaseMachine):
         self._background: list[Background] = []
         self._tg: anyio.abc.TaskGroup | None = None
         self.running = False
+        self._told_checkers = False
 
     # ----------------------------------------------------------------- registries
 
@@ -207,13 +208,25 @@ class PhaseEngine(PhaseMachine):
             d = self.deadlines
             assert d is not None
             accept_deadline = self._accept_deadline(d)
+            now = owner._now()
+            failures = getattr(owner.policy, "readiness_failures", 0)
+            let_go, recheck = self.checkers.let_go(failures, now)
+            if recheck is not None and not self._told_checkers:
+                self._told_checkers = True
+                logger.info(
+                    "accepting until the health checkers probing readiness have seen "
+                    "this process fail (%s)",
+                    self.checkers.pending(failures),
+                )
             decision = owner.policy.decide(
                 PolicyInput(
-                    now=owner._now(),
+                    now=now,
                     requested_at=self.requested_at,
                     last_connection_at=owner._last_activity_at,
                     accept_deadline=accept_deadline,
                     endpoint_removed_at=self.endpoint_removed_at,
+                    health_checks_failed_at=let_go,
+                    health_checks_recheck_at=recheck,
                 )
             )
             if decision.stop_accepting:

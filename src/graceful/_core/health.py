@@ -40,11 +40,28 @@ def check_paths(paths: dict[str, str | None]) -> None:
 
 
 def readiness(
-    coordinator: ShutdownCoordinator, on_shutdown: str, *, starting: bool = False
+    coordinator: ShutdownCoordinator,
+    on_shutdown: str,
+    *,
+    starting: bool = False,
+    peer: str | None = None,
+    user_agent: str | None = None,
+    count: bool = True,
 ) -> tuple[int, str]:
     """200 while serving; 503 from the shutdown request on (``on_shutdown="keep"``: from
-    draining on) and while the app starts (``starting``: lifespan startup not done)."""
-    c = coordinator
+    draining on) and while the app starts (``starting``: lifespan startup not done).
+
+    The answer is counted for the health checker that asked (``peer``, the client's
+    address, and its ``user_agent``): accept-until-idle waits until each checker has
+    seen enough 503s to let go (see ``graceful._core.checkers``); ``count=False``: the
+    caller reports it (``health_checkers.answered``) in the coordinator's thread."""
+    status, text = _readiness(coordinator, on_shutdown, starting)
+    if count:
+        coordinator.health_checkers.answered(peer, user_agent, status)
+    return status, text
+
+
+def _readiness(c: ShutdownCoordinator, on_shutdown: str, starting: bool) -> tuple[int, str]:
     if c.shutdown_requested and (on_shutdown == "fail" or not c.accepting):
         if c.pod_still_serving():
             return 200, f"ready (this process {c.phase}, the pod still serving)\n"

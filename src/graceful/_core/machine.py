@@ -35,6 +35,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Final
 
 from . import deadlines as _deadlines
+from .checkers import HealthCheckers
 from .phases import PhaseTable, RequestOutcome, Transition
 from .policy import Phase
 from .signals import in_terminal_foreground, signal_name
@@ -71,6 +72,7 @@ class PhaseMachine(Timetable):
         self._dispatching = False
         self._first_reason: str | None = None
         self.endpoint_removed_at: float | None = None
+        self.checkers = HealthCheckers(owner._now, owner._notify, lambda: self.requested_at)
         self._listeners: list[PhaseListener] = []
         # Where the run task runs (set by ``run`` while it runs).
         self._loop_thread: int | None = None

@@ -263,7 +263,11 @@ class Management:
             return 404, text, f"not found (served here: {known})\n".encode(), head_only
         if kind == "readiness":
             status, answer = _health.readiness(
-                c, self.readiness_on_shutdown, starting=self._starting()
+                c,
+                self.readiness_on_shutdown,
+                starting=self._starting(),
+                peer=_peer(stream),
+                user_agent=_header(rest, "user-agent"),
             )
         elif kind == "liveness":
             status, answer = _health.liveness(c)
@@ -271,15 +275,29 @@ class Management:
             status, answer = await _health.prestop_done(c)
         else:
             assert self._metrics is not None
-            accept = ""
-            for line in rest.decode("latin-1").splitlines():
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "accept":
-                    accept = value.strip()
+            accept = _header(rest, "accept") or ""
             names = parse_qs(url.query).get("name[]", [])
             status, body, content_type = await self._metrics(accept, names)
             return status, [("Content-Type", content_type)], body, head_only
         return status, text, answer.encode(), head_only
+
+
+def _header(head: bytes, wanted: str) -> str | None:
+    """The value of the header ``wanted`` (lower case) in the request ``head``, if any."""
+    for line in head.decode("latin-1").splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() == wanted:
+            return value.strip()
+    return None
+
+
+def _peer(stream: anyio.abc.SocketStream) -> str | None:
+    """The client's address (for telling health checkers apart)."""
+    try:
+        address = stream.extra(anyio.abc.SocketAttribute.remote_address)
+    except anyio.TypedAttributeLookupError:
+        return None
+    return str(address[0]) if isinstance(address, tuple) else str(address)
 
 
 def _head_end(head: bytes) -> int:

@@ -78,6 +78,12 @@ class PolicyInput:
             before the kill deadline, or ``None`` when no kill deadline is known.
         endpoint_removed_at: When the pod was seen gone from its EndpointSlice, or
             ``None`` if that is not (yet) known.
+        health_checks_failed_at: When every health checker that was probing readiness
+            before the request had been answered enough 503s to mark this process down
+            (the request's time if none was probing; see
+            ``graceful._core.checkers``), or ``None`` while one still may route here.
+        health_checks_recheck_at: While a health checker is still waited for: when to
+            look again if no probe comes (it may have gone quiet by then).
     """
 
     now: float
@@ -85,6 +91,8 @@ class PolicyInput:
     last_connection_at: float | None = None
     accept_deadline: float | None = None
     endpoint_removed_at: float | None = None
+    health_checks_failed_at: float | None = None
+    health_checks_recheck_at: float | None = None
 
 
 @final
@@ -122,6 +130,15 @@ def _check_seconds(name: str, value: object) -> float:
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
     return seconds
+
+
+def _check_count(name: str, value: object) -> int:
+    """Return ``value`` if it is an ``int`` >= 0, else raise naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
 
 
 def _check_bool(name: str, value: object) -> bool:
@@ -235,6 +252,13 @@ class AcceptUntilIdle(Policy):
         nudge_clients: Send ``Connection: close`` while accepting.
         wait_for_endpoint_removal: Start the idle window only once the pod has left its
             EndpointSlice (needs the Kubernetes integration to report it).
+        readiness_failures: Start the idle window only once every health checker that
+            was probing readiness before the request has been answered this many 503s
+            in a row (what it needs to mark this process down: HAProxy's ``fall``,
+            Kubernetes' ``failureThreshold``, a cloud balancer's unhealthy threshold), or
+            has gone quiet; a checker declared with its own threshold (the pod's
+            ``readinessProbe`` under ``--kubernetes``) uses that.  ``0``: do not wait
+            for health checkers.  See ``graceful._core.checkers``.
     """
 
     name: ClassVar[str] = "accept-until-idle"
@@ -243,9 +267,11 @@ class AcceptUntilIdle(Policy):
     max_wait_s: float = 30.0
     nudge_clients: bool = True
     wait_for_endpoint_removal: bool = False
+    readiness_failures: int = 3
 
     def __post_init__(self) -> None:
         _check_seconds("idle_s", self.idle_s)
+        _check_count("readiness_failures", self.readiness_failures)
         _check_seconds("min_wait_s", self.min_wait_s)
         _check_seconds("max_wait_s", self.max_wait_s)
         _check_bool("nudge_clients", self.nudge_clients)
@@ -269,6 +295,12 @@ class AcceptUntilIdle(Policy):
             window_start = inp.endpoint_removed_at
         else:
             window_start = inp.requested_at
+        if self.readiness_failures:
+            if inp.health_checks_recheck_at is not None:
+                recheck = min(inp.health_checks_recheck_at, hard)
+                return Decision(False, "waiting for health checkers to fail", recheck)
+            if inp.health_checks_failed_at is not None:
+                window_start = max(window_start, inp.health_checks_failed_at)
         last = window_start
         if inp.last_connection_at is not None and inp.last_connection_at > last:
             last = inp.last_connection_at
@@ -280,7 +312,12 @@ class AcceptUntilIdle(Policy):
     def describe(self) -> str:
         after = ", after endpoint removal" if self.wait_for_endpoint_removal else ""
         least = f", at least {self.min_wait_s:g} s" if self.min_wait_s else ""
-        return f"{self.name} (idle {self.idle_s:g} s{after}{least}, at most {self.max_wait_s:g} s)"
+        n = self.readiness_failures
+        checks = "" if n == 3 else f", {n} readiness failures" if n else ", no health checkers"
+        return (
+            f"{self.name} (idle {self.idle_s:g} s{after}{least}{checks}, "
+            f"at most {self.max_wait_s:g} s)"
+        )
 
 
 @final
@@ -313,6 +350,7 @@ def policy_from_name(
     max_wait_s: float | None = None,
     nudge_clients: bool | None = None,
     wait_for_endpoint_removal: bool | None = None,
+    readiness_failures: int | None = None,
 ) -> Policy:
     """Build a policy from its command-line name and options (``None``: the default).
 
@@ -336,6 +374,7 @@ def policy_from_name(
         "max_wait_s": max_wait_s,
         "nudge_clients": nudge_clients,
         "wait_for_endpoint_removal": wait_for_endpoint_removal,
+        "readiness_failures": readiness_failures,
     }
     options = {k: v for k, v in given.items() if v is not None}
     takes = {
@@ -345,6 +384,7 @@ def policy_from_name(
             "max_wait_s",
             "nudge_clients",
             "wait_for_endpoint_removal",
+            "readiness_failures",
         },
         ServeUntilKilled: {"max_wait_s", "nudge_clients"},
         RefuseImmediately: set(),

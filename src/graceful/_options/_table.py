@@ -179,6 +179,16 @@ OPTIONS: Final[tuple[Option, ...]] = (
         help="send 'Connection: close' while still accepting, so keep-alive clients reconnect",
     ),
     Option(
+        "readiness_failures", integer(0, 1000, "a number of failed health checks"), None,
+        to=("policy", "readiness_failures"), metavar="COUNT",
+        help="accept-until-idle: start the idle window only once each health checker that "
+        "probed readiness before SIGTERM has been answered COUNT 503s (what it needs to mark "
+        "the process down: HAProxy's fall, a cloud balancer's unhealthy threshold) or "
+        "has gone quiet; with --kubernetes the pod's readinessProbe says it for the "
+        "kubelet; 0: do not wait for health checkers",
+        default_text="3",
+    ),
+    Option(
         "drain_timeout", seconds, 30.0, to=("coordinator", "drain_timeout_s"),
         metavar="SECONDS", help="the longest drain before what is left is cut, s",
     ),

@@ -378,7 +378,14 @@ class Middleware:
         """200 while serving, 503 from the moment shutdown is requested (with
         ``readiness_on_shutdown="keep"``: from draining on)."""
         self.not_a_request()
-        return self._respond(*_health.readiness(self.coordinator, self.readiness_on_shutdown))
+        return self._respond(
+            *_health.readiness(
+                self.coordinator,
+                self.readiness_on_shutdown,
+                peer=request.remote,
+                user_agent=request.headers.get("User-Agent"),
+            )
+        )
 
     async def liveness(self, request: web.Request) -> web.Response:
         """200 until stopped."""

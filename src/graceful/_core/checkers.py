@@ -1,0 +1,191 @@
+"""Health checkers: who probes readiness, how often, and when they have let go.
+
+A balancer that only health-checks — HAProxy (``inter 2s fall 3``), a cloud load
+balancer's target health check, Consul, or the kubelet of a pod whose SIGTERM came without
+a deletion (node shutdown, a failed liveness probe) or without the RBAC to watch its
+EndpointSlice — stops routing to this process only once it has seen enough failed checks
+in a row.  Until then it sends traffic, however sparse; an idle window alone can end
+accepting between two of its requests.  The readiness endpoint answers 503 from the
+shutdown request on: this module counts those answers per checker, and accept-until-idle
+starts its idle window only once every checker that was probing before the request has
+been answered as many 503s as it needs to mark the process down
+(``AcceptUntilIdle.readiness_failures``, ``--readiness-failures``), or has gone quiet.
+
+Who is a checker
+----------------
+A checker is who probes: the peer's address and the probe's ``User-Agent``
+(``kube-probe/1.31``, ``ELB-HealthChecker/2.0``, ``GoogleHC/1.0``, ``Consul Health
+Check``; HAProxy sends none by default), so that a node's kubelet and an agent on the same
+address are told apart.  It counts only when it was probing *regularly* before the
+request: at least two probes (its period is learned from them: the median gap), the last
+within three periods of the request — a script that polled readiness once at start-up,
+or a test waiting for the server, is not a balancer.  A checker can also be *declared*
+with its threshold and period (``expect``): ``--kubernetes`` declares the kubelet's
+``readinessProbe`` (``failureThreshold``, ``periodSeconds``) and releases it once the pod
+left its EndpointSlice — then Kubernetes itself no longer routes here.
+
+When a checker has let go
+-------------------------
+Once it has been answered its threshold of 503s since the request (the time of that
+answer), or once it has not probed for two of its periods (it stopped checking: its
+balancer let go or is gone; a checker that marked a backend down keeps probing it, to see
+it come back).  Only counting balances what a health checker needs and what traffic
+shows: the kill deadline and ``max_wait_s`` still bound the wait.
+
+Several worker processes behind one port each see their share of the probes; each waits
+for its own count (longer, never shorter, than the checker needs).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = ("HealthCheckers",)
+
+#: Probes remembered per checker (to learn its period), and checkers remembered at all:
+#: a flood of made-up user agents must not grow the process.
+_PROBES_KEPT: Final = 8
+_CHECKERS_KEPT: Final = 64
+_FAILURES_KEPT: Final = 64
+#: A checker quiet for this many of its periods has stopped checking.
+_QUIET_PERIODS: Final = 2.0
+#: A checker whose last probe before the request is older than this many periods was no
+#: longer probing.
+_ACTIVE_PERIODS: Final = 3.0
+
+
+@dataclass(slots=True)
+class _Checker:
+    probes: deque[float] = field(default_factory=lambda: deque(maxlen=_PROBES_KEPT))
+    last: float = 0.0
+    failures: int = 0
+    failed: list[float] = field(default_factory=list)  # when each 503 was answered
+    threshold: int | None = None  # declared
+    period_s: float | None = None  # declared
+    released: bool = False  # declared, and its pod left the EndpointSlice
+
+
+@dataclass(frozen=True, slots=True)
+class _Declared:
+    agent_prefix: str
+    threshold: int
+    period_s: float
+
+
+class HealthCheckers:
+    """The readiness probes seen, per checker; see the module's text.
+
+    Args:
+        now: The coordinator's clock.
+        changed: Called when a checker may have let go (wakes the policy).
+        requested_at: When shutdown was requested (``None`` before): from then on a
+            503 answered is a failure seen by the checker.
+    """
+
+    def __init__(
+        self,
+        now: Callable[[], float],
+        changed: Callable[[], None],
+        requested_at: Callable[[], float | None],
+    ) -> None:
+        self._now = now
+        self._changed = changed
+        self._requested_at = requested_at
+        self._checkers: dict[tuple[str, str], _Checker] = {}
+        self._declared: list[_Declared] = []
+
+    def expect(self, agent_prefix: str, *, failures: int, period_s: float) -> None:
+        """Declare a checker: probes whose ``User-Agent`` starts with ``agent_prefix``
+        mark this process down after ``failures`` 503s, one every ``period_s``."""
+        if isinstance(failures, bool) or not isinstance(failures, int) or failures < 0:
+            raise ValueError(f"failures must be an int >= 0, got {failures!r}")
+        if not period_s > 0:
+            raise ValueError(f"period_s must be > 0, got {period_s!r}")
+        self._declared.append(_Declared(agent_prefix, failures, float(period_s)))
+
+    def release_declared(self) -> None:
+        """The declared checkers have let go (the pod left its EndpointSlice)."""
+        for checker in self._checkers.values():
+            if checker.threshold is not None:
+                checker.released = True
+        self._changed()
+
+    def answered(self, peer: str | None, user_agent: str | None, status: int) -> None:
+        """A readiness probe from ``peer`` (its address) with ``user_agent`` was answered
+        ``status``."""
+        now = self._now()
+        key = (peer or "", user_agent or "")
+        checker = self._checkers.get(key)
+        if checker is None:
+            checker = self._checkers[key] = _Checker()
+            for declared in self._declared:
+                if key[1].startswith(declared.agent_prefix):
+                    checker.threshold = declared.threshold
+                    checker.period_s = declared.period_s
+                    break
+            while len(self._checkers) > _CHECKERS_KEPT:
+                del self._checkers[next(iter(self._checkers))]
+        checker.last = now
+        if self._requested_at() is None:
+            checker.probes.append(now)
+        elif status >= 500:
+            checker.failures += 1
+            if len(checker.failed) < _FAILURES_KEPT:
+                checker.failed.append(now)
+            self._changed()
+
+    def let_go(self, failures: int, now: float) -> tuple[float | None, float | None]:
+        """When every checker probing before the request let go, given ``failures``
+        (the threshold of a checker not declared).
+
+        Returns:
+            ``(when, None)`` once all have (``when`` the request's time if none was
+            probing), else ``(None, when to look again)``.
+        """
+        requested = self._requested_at()
+        if requested is None:
+            return None, None
+        latest = requested
+        recheck: float | None = None
+        for checker in self._checkers.values():
+            threshold = failures if checker.threshold is None else checker.threshold
+            period = checker.period_s or _period(checker.probes)
+            if threshold <= 0 or period is None or checker.released:
+                continue
+            before = checker.probes[-1] if checker.probes else None
+            if before is None or before < requested - _ACTIVE_PERIODS * period:
+                continue  # not probing (any more) when shutdown was requested
+            if checker.failures >= threshold:
+                failed = checker.failed
+                latest = max(latest, failed[threshold - 1] if threshold <= len(failed) else now)
+                continue
+            quiet_at = checker.last + _QUIET_PERIODS * period
+            if now >= quiet_at:
+                latest = max(latest, quiet_at)
+                continue
+            recheck = quiet_at if recheck is None else min(recheck, quiet_at)
+        if recheck is not None:
+            return None, recheck
+        return latest, None
+
+    def pending(self, failures: int) -> str:
+        """The checkers still waited for, in a few words (for the log)."""
+        waiting = []
+        for (peer, agent), c in self._checkers.items():
+            threshold = failures if c.threshold is None else c.threshold
+            if len(c.probes) >= 2 and not c.released and c.failures < threshold:
+                waiting.append(f"{peer or '?'} {agent or '-'} {c.failures}/{threshold}")
+        return ", ".join(waiting[:3])
+
+
+def _period(probes: deque[float]) -> float | None:
+    """A checker's period: the median gap between its probes (two at least)."""
+    if len(probes) < 2:
+        return None
+    gaps = [b - a for a, b in zip(probes, list(probes)[1:], strict=False)]
+    period = statistics.median(gaps)
+    return period if period > 0 else None

@@ -1,0 +1,158 @@
+"""The health checkers' count (``graceful._core.checkers``) and what accept-until-idle
+does with it: on a clock the test moves, probe by probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from graceful import AcceptUntilIdle, PolicyInput
+from graceful._core.checkers import HealthCheckers
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.requested: float | None = None
+        self.changes = 0
+
+    def checkers(self) -> HealthCheckers:
+        return HealthCheckers(lambda: self.now, self.changed, lambda: self.requested)
+
+    def changed(self) -> None:
+        self.changes += 1
+
+
+def probe_every(clock: Clock, checkers: HealthCheckers, who: tuple[str, str], n: int) -> None:
+    for _ in range(n):
+        clock.now += 2.0
+        status = 200 if clock.requested is None else 503
+        checkers.answered(*who, status)
+
+
+HAPROXY = ("10.0.0.7", "")
+KUBELET = ("10.0.0.1", "kube-probe/1.31")
+
+
+def test_no_checker_seen_lets_go_at_the_request() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    assert checkers.let_go(3, clock.now) == (None, None)  # no shutdown requested yet
+    clock.requested = clock.now
+    assert checkers.let_go(3, clock.now) == (clock.now, None)
+
+
+def test_a_checker_lets_go_at_its_third_503() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    probe_every(clock, checkers, HAPROXY, 4)  # period learned: 2 s
+    clock.requested = clock.now + 0.5
+    clock.now = clock.requested
+    released, recheck = checkers.let_go(3, clock.now)
+    assert released is None
+    assert recheck == pytest.approx(clock.now - 0.5 + 4.0)  # quiet for two periods
+    assert "10.0.0.7 - 0/3" in checkers.pending(3)
+    probe_every(clock, checkers, HAPROXY, 2)
+    assert checkers.let_go(3, clock.now)[0] is None
+    probe_every(clock, checkers, HAPROXY, 1)
+    third = clock.now
+    probe_every(clock, checkers, HAPROXY, 2)  # it keeps checking a backend it marked down
+    assert checkers.let_go(3, clock.now) == (third, None)
+    assert clock.changes == 5  # every 503 wakes the policy
+
+
+def test_a_checker_that_goes_quiet_has_let_go() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    probe_every(clock, checkers, HAPROXY, 3)
+    clock.requested = clock.now
+    probe_every(clock, checkers, HAPROXY, 1)
+    last = clock.now
+    clock.now = last + 3.9
+    assert checkers.let_go(3, clock.now)[0] is None
+    clock.now = last + 4.0
+    assert checkers.let_go(3, clock.now) == (last + 4.0, None)
+
+
+def test_one_probe_or_a_probe_long_before_is_not_a_checker() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    checkers.answered("127.0.0.1", "python-httpx/0.28", 200)  # a script waiting for start-up
+    probe_every(clock, checkers, HAPROXY, 3)
+    clock.now += 7.0  # more than three periods after the last probe
+    clock.requested = clock.now
+    assert checkers.let_go(3, clock.now) == (clock.now, None)
+
+
+def test_a_declared_checker_uses_its_own_threshold_and_is_released_with_the_endpoint() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    checkers.expect("kube-probe/", failures=1, period_s=10.0)
+    checkers.answered(*KUBELET, 200)  # one probe is enough: its period is declared
+    clock.requested = clock.now + 1.0
+    clock.now = clock.requested
+    assert checkers.let_go(3, clock.now)[0] is None
+    checkers.release_declared()
+    assert checkers.let_go(3, clock.now) == (clock.now, None)
+    checkers.answered(*KUBELET, 503)
+    assert checkers.let_go(3, clock.now) == (clock.now, None)
+
+
+def test_checkers_are_told_apart_by_address_and_user_agent() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    for second in range(1, 7):  # the kubelet every second, Consul every two
+        clock.now += 1.0
+        checkers.answered("10.0.0.1", "kube-probe/1.31", 200)
+        if second % 2 == 0:
+            checkers.answered("10.0.0.1", "Consul Health Check", 200)
+    clock.requested = clock.now
+    for second in range(1, 4):
+        clock.now += 1.0
+        checkers.answered("10.0.0.1", "kube-probe/1.31", 503)
+        if second % 2 == 0:
+            checkers.answered("10.0.0.1", "Consul Health Check", 503)
+    assert checkers.let_go(3, clock.now)[0] is None  # Consul has seen one failure
+    assert checkers.pending(3) == "10.0.0.1 Consul Health Check 1/3"
+
+
+def test_threshold_zero_waits_for_no_checker() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    probe_every(clock, checkers, HAPROXY, 3)
+    clock.requested = clock.now
+    assert checkers.let_go(0, clock.now) == (clock.now, None)
+
+
+def test_checkers_remembered_are_bounded() -> None:
+    clock = Clock()
+    checkers = clock.checkers()
+    for n in range(1000):
+        checkers.answered("10.0.0.9", f"made-up/{n}", 200)
+    assert len(checkers._checkers) == 64
+
+
+def test_accept_until_idle_starts_its_idle_window_when_the_checkers_let_go() -> None:
+    policy = AcceptUntilIdle(idle_s=2.0)
+    waiting = policy.decide(PolicyInput(now=10.0, requested_at=0.0, health_checks_recheck_at=12.0))
+    assert not waiting.stop_accepting
+    assert waiting.reason == "waiting for health checkers to fail"
+    assert waiting.recheck_at == 12.0
+    released = PolicyInput(now=7.0, requested_at=0.0, health_checks_failed_at=6.0)
+    assert policy.decide(released).recheck_at == 8.0
+    done = PolicyInput(now=8.0, requested_at=0.0, health_checks_failed_at=6.0)
+    assert policy.decide(done).stop_accepting
+    # Zero: health checkers are not waited for; the window starts at the request.
+    assert (
+        AcceptUntilIdle(idle_s=2.0, readiness_failures=0)
+        .decide(PolicyInput(now=10.0, requested_at=0.0, health_checks_recheck_at=12.0))
+        .stop_accepting
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(-1, ValueError), (True, TypeError), (2.5, TypeError), ("3", TypeError)],
+)
+def test_bad_readiness_failures_are_named(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"readiness_failures must be an int >= 0, got .*"):
+        AcceptUntilIdle(readiness_failures=value)  # type: ignore[arg-type]
