@@ -118,6 +118,14 @@ class Handovers:
             self.pending -= 1
         self._c.connection_closed()
 
+    def hold(self) -> None:
+        """Count the handshakes a sealed listener still waits for as one connection
+        (so that the drain waits for them too), until ``release``."""
+        self._c.connection_opened()
+
+    def release(self) -> None:
+        self._c.connection_closed()
+
 
 def _real_socket(obj: object) -> socket.socket | None:
     if isinstance(obj, socket.socket):
@@ -252,28 +260,33 @@ def close_keeping_backlog(
                 logger.warning("%d accepted connections still not handed over", handovers.pending)
             if not close():
                 return finish()
-        # Sealed, with handshakes under way: accept them as they complete.
-        # Each look walks the kernel's connection table (~0.3 ms): first soon (a round
-        # trip), then less and less often.
+            handovers.hold()
+        # Sealed, with handshakes under way: accept them as they complete; until then
+        # they hold the drain as one connection.  Each look walks the kernel's
+        # connection table (~0.3 ms): first soon (a round trip), then less often.
         deadline = time.monotonic() + _HANDSHAKES_WAIT_S
         poll_s = _HANDSHAKES_POLL_S
-        while handshakes_under_way(dups):
-            if time.monotonic() >= deadline:
-                logger.warning(
-                    "listener closed with handshakes still under way after %.1f s: "
-                    "their clients are reset (a client gone, or one deferred by "
-                    "TCP_DEFER_ACCEPT that has not sent yet)",
-                    _HANDSHAKES_WAIT_S,
-                )
-                break
-            await asyncio.sleep(poll_s)
-            poll_s = min(2 * poll_s, _HANDSHAKES_POLL_MAX_S)
-            accept_more()
-        return finish()
+        try:
+            while handshakes_under_way(dups):
+                if time.monotonic() >= deadline:
+                    logger.warning(
+                        "listener closed with handshakes still under way after %.1f s: "
+                        "their clients are reset (a client gone, or one deferred by "
+                        "TCP_DEFER_ACCEPT that has not sent yet)",
+                        _HANDSHAKES_WAIT_S,
+                    )
+                    break
+                await asyncio.sleep(poll_s)
+                poll_s = min(2 * poll_s, _HANDSHAKES_POLL_MAX_S)
+                accept_more()
+            return finish()
+        finally:
+            handovers.release()
 
     if handovers.pending:
         return loop.create_task(close_after_handovers(True))
     if close():  # sealed, with handshakes to wait for
+        handovers.hold()
         return loop.create_task(close_after_handovers(False))
     done: asyncio.Future[list[asyncio.Task[object]]] = loop.create_future()
     done.set_result(finish())  # nothing on its way (always so on uvloop): closed now
