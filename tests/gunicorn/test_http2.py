@@ -111,3 +111,73 @@ def test_tls_alpn_h2_request_in_flight_completes_then_goaway(
     assert (response.http_version, response.status_code) == ("HTTP/2", 200)
     assert server.wait_exit(timeout_s=20) == 0
     assert server.has_line(DRAINED), server.output()
+
+
+# ------------------------------------------------------------------- the exit's cut
+
+
+@pytest.mark.parametrize("worker", ["graceful.gunicorn.ThreadWorker", "gthread"])
+def test_a_stream_running_at_the_exit_gets_an_http2_503_and_goaway(
+    h2_servers: list[ServerProcess], worker: str
+) -> None:
+    """A stream whose response has not started when the exit deadline comes is answered
+    in HTTP/2 — 503, then GOAWAY naming it — and nothing else reaches the client (no
+    HTTP/1.1 bytes, nothing left unparsed).  Stock ``gthread``: the master's SIGKILL
+    ends the worker and the client gets a bare EOF."""
+    server = start(h2_servers, "--graceful-timeout", "3", worker=worker)
+    client = RawH2(server.port)
+    stream = client.request("/slow?s=30")
+    server.wait_for_line(r"slow request started")
+    server.signal(signal.SIGTERM)
+    client.wait("eof", timeout_s=15)
+    assert client._buffer == b"", client  # every byte was a whole frame
+    if worker == "gthread":
+        assert client.events == ["eof"], client
+        assert client.streams[stream].status is None
+        server.wait_exit(timeout_s=20)
+        return
+    assert client.response(stream) == (503, b"server shutting down\n")
+    assert client.events == [f"end {stream}", f"goaway {stream}", "eof"], client
+    assert [g.error_code for g in client.goaways] == [0]
+    assert server.wait_exit(timeout_s=20) == 0
+    assert server.has_line(r"still alive at the last moment before SIGKILL.*1 request answered 503")
+
+
+@pytest.mark.parametrize("worker", ["graceful.gunicorn.ThreadWorker", "gthread"])
+def test_a_connection_waiting_for_a_thread_at_the_exit_gets_goaway_naming_no_stream(
+    h2_servers: list[ServerProcess], worker: str
+) -> None:
+    """``--threads 1``: an HTTP/2 connection still waiting for a thread at the exit gets
+    the server's SETTINGS and GOAWAY naming stream 0 (none of its streams was
+    processed: a client retries them elsewhere), not an HTTP/1.1 503.  Stock: EOF."""
+    server = start(h2_servers, "--graceful-timeout", "3", "--threads", "1", worker=worker)
+    busy = RawH2(server.port)
+    busy.request("/slow?s=30")  # the one thread, for the connection's life
+    server.wait_for_line(r"slow request started")
+    waiting = RawH2(server.port)
+    stream = waiting.request("/")
+    server.signal(signal.SIGTERM)
+    waiting.wait("eof", timeout_s=15)
+    assert waiting._buffer == b"", waiting
+    assert waiting.streams[stream].status is None
+    if worker == "gthread":
+        assert waiting.events == ["eof"], waiting
+        server.wait_exit(timeout_s=20)
+        return
+    assert waiting.events == ["goaway 0", "eof"], waiting
+    assert [g.error_code for g in waiting.goaways] == [0]
+    assert server.wait_exit(timeout_s=20) == 0
+    assert server.has_line(r"2 requests answered 503"), server.output()
+
+
+def test_the_start_up_check_knows_gunicorns_http2_connection() -> None:
+    """The names graceful reads of gunicorn's HTTP/2 connection (docs/adapters.md) are
+    all on the installed gunicorn's; an object without them lacks every one (the
+    worker then keeps gunicorn's own HTTP/2 handling, with one warning)."""
+    from gunicorn.config import Config
+    from gunicorn.http2.connection import HTTP2ServerConnection
+
+    from graceful.gunicorn._http2 import CONNECTION_NAMES, missing
+
+    assert missing(HTTP2ServerConnection(Config(), None, ("127.0.0.1", 1))) == []
+    assert missing(object()) == list(CONNECTION_NAMES)

@@ -29,22 +29,99 @@ import contextlib
 import errno
 import os
 import selectors
+import socket
 import ssl
+import struct
 from typing import Any
 
+from gunicorn import __version__ as _gunicorn_version
 from gunicorn import http
 from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 
+from .._core import health as _health
+
 try:
     from gunicorn.http2.errors import HTTP2ConnectionError, HTTP2ProtocolError
+    from gunicorn.http2.response import HTTP2Response
 except ImportError:  # gunicorn before HTTP/2
+    HTTP2Response = None
     SEAMS = False
 else:
     SEAMS = hasattr(_StockThreadWorker, "_serve_http2_stream") and hasattr(
         _StockThreadWorker, "handle_http2"
     )
 
-__all__ = ("SEAMS", "Http2GoAway")
+__all__ = ("SEAMS", "Http2GoAway", "cut_stream", "is_preface", "missing", "refusal")
+
+#: What graceful reads of gunicorn 27's ``HTTP2ServerConnection`` (docs/adapters.md,
+#: "Private names each adapter reads"), checked at a worker's first HTTP/2 connection.
+CONNECTION_NAMES = (
+    "receive_data", "close", "is_closed", "streams", "pending_requests",
+    "_deferred_events", "idle_timeout", "h2_conn",
+)  # fmt: skip
+
+#: The client's HTTP/2 connection preface with prior knowledge (RFC 9113 §3.4).
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+# The frames graceful writes itself, at the exit deadline only (RFC 9113 §6).
+_DATA, _HEADERS, _SETTINGS, _GOAWAY = 0x0, 0x1, 0x4, 0x7
+_END_STREAM, _END_HEADERS = 0x1, 0x4
+_NO_ERROR = 0x0
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    header = struct.pack("!I", len(payload))[1:] + struct.pack("!BBI", kind, flags, stream_id)
+    return header + payload
+
+
+def _goaway(last_stream_id: int) -> bytes:
+    """GOAWAY, NO_ERROR: the streams above ``last_stream_id`` were not processed."""
+    return _frame(_GOAWAY, 0, 0, struct.pack("!II", last_stream_id, _NO_ERROR))
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """An HPACK field as a literal without indexing, new name (RFC 7541 §6.2.2): it
+    neither reads nor changes the dynamic table the connection's encoder keeps."""
+    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+
+def is_preface(received: bytes) -> bool:
+    """Whether ``received`` is (the start of) an HTTP/2 client preface."""
+    return bool(received) and PREFACE.startswith(received[: len(PREFACE)])
+
+
+def refusal() -> bytes:
+    """The answer to an HTTP/2 connection the exit refuses before serving it: the
+    server's preface (an empty SETTINGS) and GOAWAY naming stream 0, so that its client
+    knows that none of its streams was processed and retries them elsewhere."""
+    return _frame(_SETTINGS, 0, 0) + _goaway(0)
+
+
+def cut_stream(stream_id: int, body: bytes, window: int) -> bytes:
+    """The exit's answer on a stream whose response has not started: 503 (``retry-after:
+    0``), and GOAWAY naming that stream (the connection's later streams, served one
+    after another, were not).  The body only if the send window takes it."""
+    fields = [(b":status", b"503"), (b"retry-after", b"0")]
+    if window < len(body):
+        body = b""
+    if body:
+        fields += [(b"content-type", b"text/plain; charset=utf-8")]
+    fields += [(b"content-length", str(len(body)).encode())]
+    block = b"".join(_literal(name, value) for name, value in fields)
+    if not body:
+        return _frame(_HEADERS, _END_HEADERS | _END_STREAM, stream_id, block) + _goaway(stream_id)
+    return (
+        _frame(_HEADERS, _END_HEADERS, stream_id, block)
+        + _frame(_DATA, _END_STREAM, stream_id, body)
+        + _goaway(stream_id)
+    )
+
+
+def missing(h2_conn: Any) -> list[str]:
+    """The names graceful reads that ``h2_conn`` (gunicorn's HTTP/2 connection) lacks."""
+    absent = [name for name in CONNECTION_NAMES if not hasattr(h2_conn, name)]
+    if "h2_conn" not in absent and not hasattr(h2_conn.h2_conn, "highest_inbound_stream_id"):
+        absent.append("h2_conn.highest_inbound_stream_id")
+    return absent
 
 
 class Http2GoAway:
@@ -63,7 +140,9 @@ class Http2GoAway:
 
     def _goaway_if_done(self, h2_conn: Any) -> bool:
         """In the connection's thread: GOAWAY (through h2) and ``True`` once nudging and
-        nothing is in flight; ``True`` also for a connection already closed."""
+        nothing is in flight; ``True`` also for a connection already closed.  One GOAWAY,
+        naming the highest stream received, not RFC 9113's double GOAWAY (docs/gunicorn.md,
+        "HTTP/2 at a rolling restart", says why)."""
         if h2_conn.is_closed:
             return True
         if self.alive and not self.coordinator.nudging:
@@ -76,12 +155,34 @@ class Http2GoAway:
         h2_conn.close(last_stream_id=last)
         return True
 
+    def _answer_cut(self, sock: Any, response: Any) -> bool:
+        """At the exit: a stream whose response has not started gets an HTTP/2 503 and
+        its connection a GOAWAY (``cut_stream``), never HTTP/1.1 bytes.  One whose
+        response is under way gets nothing: the connection's thread may be writing a
+        frame, and a frame of ours inside it would be garbage."""
+        if not _is_http2(response):
+            return bool(super()._answer_cut(sock, response))  # type: ignore[misc]
+        stream_id = getattr(response, "stream_id", None)
+        h2_conn = getattr(response, "h2_conn", None)
+        if stream_id is None or h2_conn is None or getattr(response, "headers_sent", True):
+            return False  # under way, or a gunicorn we do not know: nothing clean to say
+        try:
+            window = h2_conn.h2_conn.local_flow_control_window(stream_id)
+        except Exception:  # a stream h2 no longer knows: no body
+            window = 0
+        with contextlib.suppress(OSError):
+            sock.settimeout(0.05)
+            sock.sendall(cut_stream(stream_id, _health.CUT_BODY, window))
+            _close_after(sock)
+            return True
+        return False
+
     def _serve_http2_stream(self, req: Any, conn: Any, h2_conn: Any) -> None:
         super()._serve_http2_stream(req, conn, h2_conn)  # type: ignore[misc]
         self._goaway_if_done(h2_conn)  # right after the last response in flight
 
     def handle_http2(self, conn: Any) -> bool:
-        if not SEAMS:
+        if not SEAMS or not self._http2_fits(conn.parser):
             return bool(super().handle_http2(conn))  # type: ignore[misc]
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
@@ -97,6 +198,23 @@ class Http2GoAway:
             os.close(wake_r)
             os.close(wake_w)
         return False
+
+    def _http2_fits(self, h2_conn: Any) -> bool:
+        """The start-up check, at the first HTTP/2 connection: gunicorn's connection has
+        every name graceful reads (``missing``); if not, one warning and gunicorn's own
+        HTTP/2 handling for good (no GOAWAY at nudging)."""
+        fits: bool | None = getattr(self, "_h2_fits", None)
+        if fits is None:
+            absent = missing(h2_conn)
+            fits = self._h2_fits = not absent
+            if absent:
+                self.log.warning(
+                    "graceful: gunicorn %s's HTTP/2 connection lacks %s: gunicorn's own "
+                    "HTTP/2 handling is kept (no GOAWAY when nudging)",
+                    _gunicorn_version,
+                    ", ".join(absent),
+                )
+        return fits
 
     def _loop(self, conn: Any, wake_r: int) -> None:
         """gunicorn 27's ``handle_http2`` loop, waiting on the socket and the wake pipe."""
@@ -139,3 +257,19 @@ class Http2GoAway:
             self.log.exception("HTTP/2 connection error")
         finally:
             selector.close()
+
+
+def _close_after(sock: Any) -> None:
+    """Half-close and read what the client still sends (WINDOW_UPDATE, PING, streams),
+    so that the exit's close sends no reset that could discard our frames."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+    with contextlib.suppress(OSError):
+        sock.setblocking(False)
+        while sock.recv(65536):
+            pass
+
+
+def _is_http2(response: Any) -> bool:
+    """Whether a request in flight is an HTTP/2 stream (gunicorn 25+)."""
+    return HTTP2Response is not None and isinstance(response, HTTP2Response)

@@ -70,6 +70,7 @@ from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
 from ..wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
+from . import _http2
 from ._master import check_in_master, master_listens, metrics_for_master, worker_values
 
 logger = logging.getLogger("graceful")
@@ -82,6 +83,8 @@ _CUT_RESPONSE = (
     + f"Content-Length: {len(_health.CUT_BODY)}\r\n\r\n".encode()
     + _health.CUT_BODY
 )
+#: The first byte of a TLS handshake record (a ClientHello), RFC 8446 §5.1.
+_TLS_HANDSHAKE = b"\x16"
 #: While accepting, the listeners' accept queues are looked at this often (see
 #: ``_backlog_waiting``).
 QUEUE_CHECK_S = 0.1
@@ -211,14 +214,20 @@ class _GracefulWSGIWorker:
         or a reset; return how many."""
         cut = self._cut_waiting()
         for sock, response in list(self._in_flight.values()):
-            if getattr(response, "headers_sent", True):
-                continue  # a response under way: nothing clean to say
-            with contextlib.suppress(OSError):
-                sock.setblocking(True)
-                sock.settimeout(0.05)
-                sock.sendall(_CUT_RESPONSE)
-                cut += 1
+            cut += self._answer_cut(sock, response)
         return cut
+
+    def _answer_cut(self, sock: Any, response: Any) -> bool:
+        """The exit's 503 to one request in flight (HTTP/1.1; ``ThreadWorker`` answers
+        its HTTP/2 streams in HTTP/2); whether it was sent."""
+        if getattr(response, "headers_sent", True):
+            return False  # a response under way: nothing clean to say
+        with contextlib.suppress(OSError):
+            sock.setblocking(True)
+            sock.settimeout(0.05)
+            sock.sendall(_CUT_RESPONSE)
+            return True
+        return False
 
     def _prestop_waits(self) -> bool:
         """Whether a preStop request may wait for draining (not with one thread)."""
@@ -375,8 +384,11 @@ class _GracefulWSGIWorker:
 
 
 def _refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
-    """Read what the client sent (bounded by ``timeout_s``), answer 503 with
-    ``Connection: close``, close: its request was not served, and it may retry."""
+    """Read what the client sent (bounded by ``timeout_s``), answer that its request was
+    not served and it may retry, close.  The answer is in the client's protocol: 503
+    with ``Connection: close`` on HTTP/1.1, GOAWAY naming no stream after an HTTP/2
+    preface; a TLS handshake nobody answered gets a plain close (bytes in clear would be
+    garbage to it)."""
     received = b""
     with contextlib.suppress(OSError):
         client.settimeout(timeout_s)
@@ -385,9 +397,15 @@ def _refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
             if not chunk:
                 break
             received += chunk
+    if _http2.is_preface(received):
+        answer = _http2.refusal()
+    elif received[:1] == _TLS_HANDSHAKE:
+        answer = b""
+    else:
+        answer = _CUT_RESPONSE
     with contextlib.suppress(OSError):
         client.settimeout(max(timeout_s, 0.05))
-        client.sendall(_CUT_RESPONSE)
+        client.sendall(answer)
         client.shutdown(socket.SHUT_WR)
     with contextlib.suppress(OSError):
         client.setblocking(False)
