@@ -38,7 +38,7 @@ def test_no_checker_seen_lets_go_at_the_request() -> None:
     checkers = clock.checkers()
     assert checkers.let_go(3, clock.now) == (None, None)  # no shutdown requested yet
     clock.requested = clock.now
-    assert checkers.let_go(3, clock.now) == (clock.now, None)
+    assert checkers.let_go(3, clock.now) == (None, None)  # nothing to wait for
 
 
 def test_a_checker_lets_go_at_its_third_503() -> None:
@@ -80,7 +80,7 @@ def test_one_probe_or_a_probe_long_before_is_not_a_checker() -> None:
     probe_every(clock, checkers, HAPROXY, 3)
     clock.now += 7.0  # more than three periods after the last probe
     clock.requested = clock.now
-    assert checkers.let_go(3, clock.now) == (clock.now, None)
+    assert checkers.let_go(3, clock.now) == (None, None)
 
 
 def test_a_declared_checker_uses_its_own_threshold_and_is_released_with_the_endpoint() -> None:
@@ -92,9 +92,9 @@ def test_a_declared_checker_uses_its_own_threshold_and_is_released_with_the_endp
     clock.now = clock.requested
     assert checkers.let_go(3, clock.now)[0] is None
     checkers.release_declared()
-    assert checkers.let_go(3, clock.now) == (clock.now, None)
+    assert checkers.let_go(3, clock.now) == (None, None)
     checkers.answered(*KUBELET, 503)
-    assert checkers.let_go(3, clock.now) == (clock.now, None)
+    assert checkers.let_go(3, clock.now) == (None, None)
 
 
 def test_checkers_are_told_apart_by_address_and_user_agent() -> None:
@@ -120,7 +120,7 @@ def test_threshold_zero_waits_for_no_checker() -> None:
     checkers = clock.checkers()
     probe_every(clock, checkers, HAPROXY, 3)
     clock.requested = clock.now
-    assert checkers.let_go(0, clock.now) == (clock.now, None)
+    assert checkers.let_go(0, clock.now) == (None, None)
 
 
 def test_checkers_remembered_are_bounded() -> None:

@@ -185,6 +185,46 @@ def test_accepting_ends_after_the_endpoint_update_plus_idle_and_not_before(
         failure_threshold=3,
     )
     sigterm_waits_for_the_endpoint_then_idle(cluster, pod, idle_s=1.0, at_most_s=1.5)
+    log = pod.log()
+    # The pod's readinessProbe, read at start: the kubelet is a declared health checker.
+    first(log, r"the kubelet takes the pod out of its endpoints after 3 failed readiness probes")
+    first(log, r"has no deletionTimestamp \(not being deleted: a container restart, a node")
+
+
+def test_a_sigterm_after_the_prestop_sleep_does_not_wait_the_idle_window_again(
+    cluster: Cluster,
+) -> None:
+    """preStop ``exec: sleep 4`` (1.20 keeps ``exec``; ``sleep:``, 1.29+, is read the same
+    way: tests/kubernetes/test_spec.py): the kubelet sends SIGTERM after it, when the
+    endpoint went at the deletion already — the idle window (6 s) counts from the
+    deletion, so accepting ends about 2 s after SIGTERM, not 6 s after it."""
+    name = f"web-{next(_names)}"
+    # The probes on the management port: before SIGTERM a probe's connection to the
+    # app's port counts as activity (its request is not looked at until SIGTERM).
+    options = ("--kubernetes", "--idle", "6", "--grace-period", "20", "--management-port", "8081")
+    manifest = pod_manifest(
+        name,
+        graceful_run(*options),
+        kubeconfig=SA_KUBECONFIG[id(cluster)],
+        grace_s=20,
+        management_port=8081,
+    )
+    manifest["spec"]["containers"][0]["lifecycle"] = {
+        "preStop": {"exec": {"command": ["sleep", "4"]}}
+    }
+    pod = Kubelet(cluster, manifest)
+    pod.start()
+    assert pod.ready.wait(30), pod.log()
+    wait_routed(cluster, pod)
+    pod.delete()
+    wait_exit(pod)
+    log = pod.log()
+    sigterm, _ = first(log, r"serving -> accepting: SIGTERM")
+    first(log, r"SIGTERM came [\d.]+ s after the pod's deletion, after its preStop sleep of 4 s")
+    draining, _ = first(log, r"accepting -> draining: no new connection for")
+    assert draining - sigterm < 6.0 - 1.5, log  # ~2 s; 6 s counted from SIGTERM
+    assert pod.exit_status == 0
+    assert not pod.killed
 
 
 def sigterm_waits_for_the_endpoint_then_idle(
@@ -243,6 +283,10 @@ def test_apiserver_stopped_mid_watch_does_not_hang_the_shutdown() -> None:
             "60",
             "--max-wait",
             "40",
+            # About the API, not the kubelet: graceful would wait for the 100 failed
+            # probes the kubelet needs to drop the endpoint (up to max-wait) otherwise.
+            "--readiness-failures",
+            "0",
             kubeconfig=kubeconfig,
             failure_threshold=100,  # the endpoint stays ready: the watch waits
         )

@@ -143,13 +143,14 @@ class HealthCheckers:
         (the threshold of a checker not declared).
 
         Returns:
-            ``(when, None)`` once all have (``when`` the request's time if none was
-            probing), else ``(None, when to look again)``.
+            ``(when, None)`` once all have, ``(None, when to look again)`` while one
+            has not, ``(None, None)`` when none was to be waited for (or no shutdown
+            was requested).
         """
         requested = self._requested_at()
         if requested is None:
             return None, None
-        latest = requested
+        latest: float | None = None
         recheck: float | None = None
         for checker in self._checkers.values():
             threshold = failures if checker.threshold is None else checker.threshold
@@ -161,11 +162,12 @@ class HealthCheckers:
                 continue  # not probing (any more) when shutdown was requested
             if checker.failures >= threshold:
                 failed = checker.failed
-                latest = max(latest, failed[threshold - 1] if threshold <= len(failed) else now)
+                at = failed[threshold - 1] if threshold <= len(failed) else now
+                latest = at if latest is None else max(latest, at)
                 continue
             quiet_at = checker.last + _QUIET_PERIODS * period
             if now >= quiet_at:
-                latest = max(latest, quiet_at)
+                latest = quiet_at if latest is None else max(latest, quiet_at)
                 continue
             recheck = quiet_at if recheck is None else min(recheck, quiet_at)
         if recheck is not None:
@@ -177,7 +179,8 @@ class HealthCheckers:
         waiting = []
         for (peer, agent), c in self._checkers.items():
             threshold = failures if c.threshold is None else c.threshold
-            if len(c.probes) >= 2 and not c.released and c.failures < threshold:
+            known = len(c.probes) >= 2 or (c.threshold is not None and c.probes)
+            if known and not c.released and c.failures < threshold:
                 waiting.append(f"{peer or '?'} {agent or '-'} {c.failures}/{threshold}")
         return ", ".join(waiting[:3])
 

@@ -312,9 +312,10 @@ class ShutdownCoordinator(Tracking):
         assumed until it arrives, but the log says what is awaited instead of warning."""
         self._engine.kill_expected = str(source)
 
-    def notify_endpoint_removed(self) -> None:
-        """Report that the pod is gone from its EndpointSlice (no more new traffic)."""
-        self._engine.notify_endpoint_removed()
+    def notify_endpoint_removed(self, *, seconds_ago: float = 0.0) -> None:
+        """Report that the pod is gone from its EndpointSlice (no more new traffic),
+        now or ``seconds_ago`` (the idle window counts from then)."""
+        self._engine.notify_endpoint_removed(_check_seconds("seconds_ago", seconds_ago))
 
     @property
     def health_checkers(self) -> HealthCheckers:

@@ -153,10 +153,16 @@ class PhaseMachine(Timetable):
             drain_now=interactive,
         )
 
-    def notify_endpoint_removed(self) -> None:
-        if self.endpoint_removed_at is None:
-            self.endpoint_removed_at = self._owner._now()
-            logger.info("endpoint removed from its EndpointSlice")
+    def notify_endpoint_removed(self, seconds_ago: float = 0.0) -> None:
+        # The earliest report wins: a watch that sees the removal now and the pod's
+        # deletion that says it happened before may come in either order.
+        at = self._owner._now() - seconds_ago
+        if self.endpoint_removed_at is None or at < self.endpoint_removed_at:
+            first = self.endpoint_removed_at is None
+            self.endpoint_removed_at = at
+            ago = f" {seconds_ago:.1f} s ago" if seconds_ago else ""
+            if first or seconds_ago:
+                logger.info("endpoint removed from its EndpointSlice%s", ago)
             self._owner._notify()
 
     # ------------------------------------------------------------------ listeners

@@ -80,8 +80,8 @@ class PolicyInput:
             ``None`` if that is not (yet) known.
         health_checks_failed_at: When every health checker that was probing readiness
             before the request had been answered enough 503s to mark this process down
-            (the request's time if none was probing; see
-            ``graceful._core.checkers``), or ``None`` while one still may route here.
+            (see ``graceful._core.checkers``), or ``None``: none was probing, or one
+            still may route here (then ``health_checks_recheck_at`` is set).
         health_checks_recheck_at: While a health checker is still waited for: when to
             look again if no probe comes (it may have gone quiet by then).
     """

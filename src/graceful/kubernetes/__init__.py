@@ -60,6 +60,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,7 @@ from typing_extensions import final
 from .._core.coordinator import _check_coordinator
 from .._core.engine import _check_callable
 from .._core.policy import AcceptUntilIdle, Phase, _check_seconds
+from . import _spec
 from ._api import _describe, _Unavailable, get_pod, open_client, read_kill_deadline
 from ._pod import (
     POD_NAME_ENV,
@@ -101,6 +103,11 @@ __all__ = (
 )
 
 logger: Final = logging.getLogger("graceful")
+
+
+#: A SIGTERM this much earlier than deletion + the preStop sleep still came after the
+#: sleep (the API server's and the node's clocks differ; the kubelet rounds).
+PRESTOP_TOLERANCE_S: Final = 1.0
 
 
 @final
@@ -151,6 +158,7 @@ class Kubernetes:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._warned = False
+        self._container: _spec.Container | None = None  # read at start
 
     # ------------------------------------------------------------------ public
 
@@ -316,7 +324,37 @@ class Kubernetes:
             self.identity.source,
             ", waiting for its endpoints at shutdown" if self.waits_for_endpoints else "",
         )
+        if pod is not None:
+            self._read_spec(pod)
         return pod, resource
+
+    def _read_spec(self, pod: Any) -> None:
+        """The container's readiness probe, preStop sleep and stop signal: one line each
+        (see ``graceful.kubernetes._spec``)."""
+        found = _spec.container(pod)
+        if isinstance(found, str):
+            logger.info("kubernetes: %s", found)
+            return
+        self._container = found
+        if found.readiness is not None:
+            failures, period = found.readiness
+            logger.info(
+                "kubernetes: the kubelet takes the pod out of its endpoints after %d failed "
+                "readiness probes %g s apart; at a SIGTERM without a deletion, accepting "
+                "waits for them",
+                failures,
+                period,
+            )
+            self._report(
+                lambda c: c.health_checkers.expect(
+                    _spec.KUBELET_AGENT, failures=failures, period_s=period
+                )
+            )
+        warning = _spec.stop_signal_warning(
+            found.stop_signal, under_gunicorn="gunicorn.arbiter" in sys.modules
+        )
+        if warning is not None:
+            logger.warning("kubernetes: %s", warning)
 
     def _where(self) -> str:
         return f"{self.identity.namespace or '(default namespace)'}/{self.identity.name}"
@@ -335,14 +373,41 @@ class Kubernetes:
             pod, requested, coordinator.grace_period_s is not None, self.clock_skew_s
         )
         if found is None:
+            why = _spec.disruption(pod)
             logger.info(
-                "kubernetes: pod %s has no deletionTimestamp (not being deleted: a "
-                "container restart or a plain kill); the kill deadline stays the grace period",
+                "kubernetes: pod %s has no deletionTimestamp (%s); the kill deadline stays "
+                "the grace period",
                 self._where(),
+                f"DisruptionTarget {why}: its budget may be shorter than the grace period"
+                if why
+                else "not being deleted: a container restart, a node shutdown or a plain kill",
             )
             return
         at, why = found
         self._report(lambda c: c.set_kill_deadline(at, source=why))
+        # Deleted: the endpoint controller drops the endpoint now, whatever the kubelet's
+        # probes say; only a SIGTERM without a deletion waits for them.
+        self._report(lambda c: c.health_checkers.release_declared())
+        self._after_prestop_sleep(pod, requested)
+
+    def _after_prestop_sleep(self, pod: Any, requested_wall: float) -> None:
+        """A SIGTERM that came after the container's preStop sleep: the endpoint went at
+        the deletion, so the idle window counts from then, not once more from now."""
+        sleep_s = None if self._container is None else self._container.prestop_sleep_s
+        deleted = _deleted_at(pod)
+        if sleep_s is None or deleted is None or not self.waits_for_endpoints:
+            return
+        waited = requested_wall - deleted
+        if waited < sleep_s - PRESTOP_TOLERANCE_S:
+            return
+        logger.info(
+            "kubernetes: SIGTERM came %.1f s after the pod's deletion, after its preStop "
+            "sleep of %g s: its endpoint is gone already; the idle window counts from "
+            "the deletion",
+            waited,
+            sleep_s,
+        )
+        self._report(lambda c: _removed(c, max(0.0, time.time() - deleted)))
 
     def _fall_back(self, reason: str) -> None:
         """Let accept-until-idle's window start now, as without this integration."""
@@ -371,7 +436,7 @@ class Kubernetes:
             pod_ip=pod_ip,
             api_timeout_s=self.api_timeout_s,
             where=self._where(),
-            removed=lambda: self._report(lambda c: c.notify_endpoint_removed()),
+            removed=lambda: self._report(_removed),
             failed=self._give_up,
         )
 
@@ -379,3 +444,21 @@ class Kubernetes:
         """The endpoint watch cannot go on: one warning, and the idle window alone."""
         self._warn(warning)
         self._fall_back(reason)
+
+
+def _removed(coordinator: ShutdownCoordinator, seconds_ago: float = 0.0) -> None:
+    """The pod left its endpoints: the idle window may start, and the kubelet's readiness
+    probe no longer needs to fail for traffic to stop."""
+    coordinator.notify_endpoint_removed(seconds_ago=seconds_ago)
+    coordinator.health_checkers.release_declared()
+
+
+def _deleted_at(pod: Any) -> float | None:
+    """When the pod was deleted (wall clock): its ``deletionTimestamp`` less its
+    ``deletionGracePeriodSeconds``."""
+    meta = pod.metadata
+    stamp = _timestamp(meta.deletionTimestamp)
+    grace = meta.deletionGracePeriodSeconds
+    if stamp is None or grace is None:
+        return None
+    return stamp - float(grace)
