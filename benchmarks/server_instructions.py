@@ -1,7 +1,8 @@
 """Server instructions per request: each server bare against graceful's version of it.
 
-    python benchmarks/server_instructions.py [--server uvicorn|hypercorn|hypercorn-trio|aiohttp]
-        [--requests 4000] [--repeats 1] [--connections 8]
+    python benchmarks/server_instructions.py
+        [--server uvicorn|hypercorn|hypercorn-trio|aiohttp|granian] [--requests 4000]
+        [--repeats 1] [--connections 8]
 
 The whole server process — uvicorn, httptools, the event loop, the app and graceful — runs
 under ``valgrind --tool=callgrind``, which counts the machine instructions it executes:
@@ -26,7 +27,9 @@ per-request work of its own, which shows the measurement's own spread.
 
 ``--server hypercorn`` (``hypercorn-trio``): ``hypercorn.asyncio.serve`` (``hypercorn.trio
 .serve``) against ``graceful.hypercorn.run``, h11; ``--server aiohttp``:
-``aiohttp.web.run_app`` against ``graceful.aiohttp.run_app``.  Same app, same clients.
+``aiohttp.web.run_app`` against ``graceful.aiohttp.run_app``; ``--server granian``:
+granian's embedded server (``granian.server.embed.Server``) against
+``graceful.granian.run``.  Same app, same clients.
 ``--server aiohttp-chain``: stock ``web.run_app`` against the same with the application set
 up by ``graceful.aiohttp.setup`` (the middleware in its chain, as under aiohttp's own
 runner or ``aiohttp.GunicornWebWorker``).
@@ -91,6 +94,21 @@ OTHER_SERVERS = {
         "host='127.0.0.1', port={port}, print=None, access_log=None, "
         "policy=graceful.RefuseImmediately(), loop=asyncio.new_event_loop())",
     },
+}
+# granian's embedded server: bare (its stop() on SIGTERM, as its own CLI) and graceful's.
+OTHER_SERVERS["granian"] = {
+    "bare": "import asyncio, signal\n"
+    "from granian.constants import Interfaces\nfrom granian.server.embed import Server\n"
+    "from benchmarks.apps import bare\n"
+    "async def main():\n"
+    "    server = Server(bare, address='127.0.0.1', port={port}, interface=Interfaces.ASGI, "
+    "log_enabled=False)\n"
+    "    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, server.stop)\n"
+    "    await server.serve()\n"
+    "asyncio.run(main())",
+    "graceful": "import graceful, graceful.granian; from benchmarks.apps import bare; "
+    "graceful.granian.run(bare, port={port}, granian_options={'log_enabled': False}, "
+    "policy=graceful.RefuseImmediately())",
 }
 # aiohttp's seams, measured on stock aiohttp: what a request_handler dispatcher costs
 # (``aiohttp-dispatch``: stock against stock with a dispatcher like graceful's hot path),

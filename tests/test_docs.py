@@ -31,6 +31,7 @@ PUBLIC_MODULES = (
     "graceful.uvicorn",
     "graceful.asyncio",
     "graceful.hypercorn",
+    "graceful.granian",
     "graceful.aiohttp",
     "graceful.gunicorn",
     "graceful.metrics",

@@ -16,6 +16,7 @@ PUBLIC_MODULES = [
     "graceful.aiohttp",
     "graceful.asgi",
     "graceful.asyncio",
+    "graceful.granian",
     "graceful.gunicorn",
     "graceful.hypercorn",
     "graceful.metrics",

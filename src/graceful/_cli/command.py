@@ -74,7 +74,11 @@ server options:
   aiohttp     APP is an aiohttp.web.Application or a factory returning one;
               --loop asyncio|uvloop; --uds, --fd, --ssl-* (as above), --[no-]access-log,
               --backlog, --app-dir, --env-file, --factory
-  Any other uvicorn option, and --http, is an error with hypercorn and aiohttp.
+  granian     ASGI only (granian's embedded server); --loop asyncio|uvloop; --uds,
+              --fd, --ssl-keyfile, --ssl-certfile, --ssl-keyfile-password,
+              --ssl-ca-certs, --[no-]access-log, --backlog, --app-dir, --env-file,
+              --factory
+  Any other uvicorn option, and --http, is an error with hypercorn, aiohttp and granian.
 
 signals:
   SIGTERM, SIGINT  start the shutdown policy; a second one stops at once
@@ -118,6 +122,10 @@ SERVER_OPTIONS: Final[dict[str, frozenset[str]]] = {
         "uds", "fd", "ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs",
         "ssl_ciphers", "ssl_cert_reqs", "access_log", "backlog", "app_dir", "env_file",
         "factory", _DRAIN_ALIAS,
+    }),
+    "granian": frozenset({
+        "uds", "fd", "ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs",
+        "access_log", "backlog", "app_dir", "env_file", "factory", _DRAIN_ALIAS,
     }),
 }  # fmt: skip
 

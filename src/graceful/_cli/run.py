@@ -171,6 +171,7 @@ NEEDS: Final = {
     "uvicorn": ("uvicorn", "pip install 'graceful-drain[uvicorn]'"),
     "hypercorn": ("hypercorn", "pip install 'graceful-drain[hypercorn]'"),
     "aiohttp": ("aiohttp", "pip install 'graceful-drain[aiohttp]'"),
+    "granian": ("granian", "pip install 'graceful-drain[granian]'"),
     "trio": ("trio", "pip install 'graceful-drain[hypercorn,trio]'"),
     "uvloop": ("uvloop", "pip install uvloop"),
 }

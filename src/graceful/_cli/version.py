@@ -5,7 +5,7 @@ from __future__ import annotations
 
 __all__ = ("SERVER_DISTRIBUTIONS", "version_text")
 
-SERVER_DISTRIBUTIONS = ("uvicorn", "hypercorn", "aiohttp", "gunicorn")
+SERVER_DISTRIBUTIONS = ("uvicorn", "hypercorn", "aiohttp", "granian", "gunicorn")
 
 
 def version_text() -> str:

@@ -54,11 +54,12 @@ ENV_PREFIX: Final = "GRACEFUL_"
 Target = Literal["run", "uvicorn", "policy", "coordinator", "middleware"]
 
 #: The servers ``graceful run --server`` runs.
-SERVERS: Final = ("uvicorn", "hypercorn", "aiohttp")
+SERVERS: Final = ("uvicorn", "hypercorn", "aiohttp", "granian")
 #: The ``--loop`` values of the servers other than uvicorn (which takes uvicorn's own).
 SERVER_LOOPS: Final = {
     "hypercorn": ("auto", "asyncio", "uvloop", "trio"),
     "aiohttp": ("auto", "asyncio", "uvloop"),
+    "granian": ("auto", "asyncio", "uvloop"),
 }
 
 
@@ -243,19 +244,19 @@ OPTIONS: Final[tuple[Option, ...]] = (
         to=("middleware", "management_port"), metavar="PORT",
         help="serve readiness, liveness, preStop and metrics on this port, not the app's "
         "(a port the Service and the ingress do not expose; 0: any free port)",
-        servers=("uvicorn", "hypercorn", "aiohttp"),
+        servers=("uvicorn", "hypercorn", "aiohttp", "granian"),
     ),
     Option(
         "management_host", host, None, to=("middleware", "management_host"), metavar="HOST",
         help="the management listener's address (default: --host)",
-        servers=("uvicorn", "hypercorn", "aiohttp"),
+        servers=("uvicorn", "hypercorn", "aiohttp", "granian"),
     ),
     Option(
         "health_on_app_port", boolean, False, to=("middleware", "health_on_app_port"),
         metavar="BOOL", switch=True,
         help="with --management-port: answer the health and metrics paths on the app's port "
         "too (by default they are the app's own routes there)",
-        servers=("uvicorn", "hypercorn", "aiohttp"),
+        servers=("uvicorn", "hypercorn", "aiohttp", "granian"),
     ),
     Option(
         "websocket_close_grace", seconds, 1.0, to=("middleware", "websocket_close_grace_s"),
@@ -266,7 +267,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "timeout_keep_alive", seconds, 5.0, to=("uvicorn", "timeout_keep_alive"),
         metavar="SECONDS",
         help="close idle keep-alive connections after this long, s (uvicorn's option)",
-        gunicorn="--keep-alive",
+        gunicorn="--keep-alive", servers=("uvicorn", "hypercorn", "aiohttp"),
     ),
     Option(
         "http", uvicorn_choice("HTTP_PROTOCOLS", ("auto", "h11", "httptools")), "auto",
@@ -279,7 +280,7 @@ OPTIONS: Final[tuple[Option, ...]] = (
         "auto", to=("uvicorn", "loop"), metavar="{auto,asyncio,uvloop,trio,...}",
         help="event loop: any of uvicorn's or module:factory with uvicorn (auto: uvloop if "
         "installed); auto, asyncio, uvloop or trio with hypercorn; auto, asyncio or uvloop "
-        "with aiohttp",
+        "with aiohttp and granian",
         gunicorn="-k graceful.gunicorn.UvicornH11Worker for asyncio",
     ),
     Option(
