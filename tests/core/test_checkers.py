@@ -156,3 +156,18 @@ def test_accept_until_idle_starts_its_idle_window_when_the_checkers_let_go() -> 
 def test_bad_readiness_failures_are_named(value: object, error: type[Exception]) -> None:
     with pytest.raises(error, match=r"readiness_failures must be an int >= 0, got .*"):
         AcceptUntilIdle(readiness_failures=value)  # type: ignore[arg-type]
+
+
+def test_the_kubelet_not_declared_is_waited_for_and_the_log_says_how_to_stop_that() -> None:
+    """Without --kubernetes graceful cannot tell a deletion (the endpoint goes at once)
+    from a SIGTERM without one (only the failed probes take it out): it waits, and says
+    so."""
+    clock = Clock()
+    checkers = clock.checkers()
+    probe_every(clock, checkers, KUBELET, 3)
+    clock.requested = clock.now
+    assert checkers.let_go(3, clock.now)[0] is None
+    assert checkers.pending(3) == (
+        "10.0.0.1 kube-probe/1.31 0/3; the kubelet's probes: --kubernetes stops waiting "
+        "for them at a deletion"
+    )

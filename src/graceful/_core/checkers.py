@@ -51,6 +51,8 @@ __all__ = ("HealthCheckers",)
 _PROBES_KEPT: Final = 8
 _CHECKERS_KEPT: Final = 64
 _FAILURES_KEPT: Final = 64
+#: The kubelet's probes' ``User-Agent`` starts with this (``kube-probe/1.31``).
+KUBELET_AGENT: Final = "kube-probe/"
 #: A checker quiet for this many of its periods has stopped checking.
 _QUIET_PERIODS: Final = 2.0
 #: A checker whose last probe before the request is older than this many periods was no
@@ -177,12 +179,17 @@ class HealthCheckers:
     def pending(self, failures: int) -> str:
         """The checkers still waited for, in a few words (for the log)."""
         waiting = []
+        kubelet = False
         for (peer, agent), c in self._checkers.items():
             threshold = failures if c.threshold is None else c.threshold
             known = len(c.probes) >= 2 or (c.threshold is not None and c.probes)
             if known and not c.released and c.failures < threshold:
                 waiting.append(f"{peer or '?'} {agent or '-'} {c.failures}/{threshold}")
-        return ", ".join(waiting[:3])
+                kubelet = kubelet or (c.threshold is None and agent.startswith(KUBELET_AGENT))
+        said = ", ".join(waiting[:3])
+        if kubelet:  # a deleted pod's endpoint goes without them; only the API tells
+            said += "; the kubelet's probes: --kubernetes stops waiting for them at a deletion"
+        return said
 
 
 def _period(probes: deque[float]) -> float | None:

@@ -31,12 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .._core.checkers import KUBELET_AGENT as KUBELET_AGENT
+
 __all__ = ("Container", "container", "disruption", "prestop_sleep_s", "stop_signal_warning")
 
 #: The variable naming graceful's container in a pod of several.
 CONTAINER_ENV: Final = "GRACEFUL_CONTAINER"
-#: The kubelet's probes' User-Agent starts with this (``kube-probe/1.31``).
-KUBELET_AGENT: Final = "kube-probe/"
 #: The kubelet's probe defaults (the API reference's).
 FAILURE_THRESHOLD: Final = 3
 PERIOD_S: Final = 10.0
