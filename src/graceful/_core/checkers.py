@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = ("HealthCheckers",)
@@ -59,22 +58,28 @@ _QUIET_PERIODS: Final = 2.0
 _ACTIVE_PERIODS: Final = 3.0
 
 
-@dataclass(slots=True)
+# Plain classes, not dataclasses: building a dataclass costs every process's start-up
+# milliseconds, for two records.
 class _Checker:
-    probes: deque[float] = field(default_factory=lambda: deque(maxlen=_PROBES_KEPT))
-    last: float = 0.0
-    failures: int = 0
-    failed: list[float] = field(default_factory=list)  # when each 503 was answered
-    threshold: int | None = None  # declared
-    period_s: float | None = None  # declared
-    released: bool = False  # declared, and its pod left the EndpointSlice
+    __slots__ = ("failed", "failures", "last", "period_s", "probes", "released", "threshold")
+
+    def __init__(self) -> None:
+        self.probes: deque[float] = deque(maxlen=_PROBES_KEPT)  # before the request
+        self.last = 0.0
+        self.failures = 0
+        self.failed: list[float] = []  # when each 503 was answered
+        self.threshold: int | None = None  # declared
+        self.period_s: float | None = None  # declared
+        self.released = False  # declared, and its pod left the EndpointSlice
 
 
-@dataclass(frozen=True, slots=True)
 class _Declared:
-    agent_prefix: str
-    threshold: int
-    period_s: float
+    __slots__ = ("agent_prefix", "period_s", "threshold")
+
+    def __init__(self, agent_prefix: str, threshold: int, period_s: float) -> None:
+        self.agent_prefix = agent_prefix
+        self.threshold = threshold
+        self.period_s = period_s
 
 
 class HealthCheckers:
