@@ -137,6 +137,7 @@ class Server(uvicorn.Server):
                 self._hot = HotPath(middleware, self.server_state.tasks)
                 config.loaded_app = self._hot.app
                 c.add_request_source(self._hot.requests)
+        self._shape.http2.check(config, self.server_state)  # zttp's --http2 names
         self._http_class = tracking_class(config.http_protocol_class, self, counts=True)
         config.http_protocol_class = self._http_class
         if config.ws_protocol_class is not None:

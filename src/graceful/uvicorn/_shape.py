@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import uvicorn
 from typing_extensions import final
@@ -25,6 +25,7 @@ from .._core.coordinator import ShutdownCoordinator
 from .._core.listeners import close_keeping_backlog
 from .._core.shape import ServerShape, awaited, called_from, finisher, self_test_failed
 from ..asgi import ASGIApp, GracefulMiddleware
+from ._http2 import Http2GoAway
 
 if TYPE_CHECKING:
     from .._core.listeners import Handovers
@@ -64,8 +65,6 @@ logger = logging.getLogger("graceful")
 #: from 0.53 on.
 _KEEP_ALIVE_WRITES_CLOSE = tuple(int(p) for p in uvicorn.__version__.split(".")[:2]) >= (0, 53)
 _CLOSE_HEADER = (b"connection", b"close")
-#: How often a busy HTTP/2 connection waiting for its GOAWAY is looked at, s.
-_HTTP2_POLL_S: Final = 0.02
 
 
 def tracking_class(base: type[Any], server: Any, *, counts: bool) -> type[Any]:
@@ -252,8 +251,8 @@ class UvicornShape(ServerShape):
         self.server = server
         self.adopted: list[Any] = []  # the hot path's cycles running at adoption
         self.closing: asyncio.Future[Any] | None = None
-        #: Busy HTTP/2 connections waiting for their GOAWAY: the highest stream seen.
-        self.http2_busy: dict[Any, int] = {}
+        #: zttp's HTTP/2 connections (``--http2``): GOAWAY at nudging.
+        self.http2 = Http2GoAway(server.coordinator, lambda: server._loop)
 
     def cycles(self) -> list[Any]:
         """The request cycle (scope, send, response state) of every HTTP connection."""
@@ -308,51 +307,10 @@ class UvicornShape(ServerShape):
                         headers.append(_CLOSE_HEADER)
 
     def goaway_http2(self) -> None:
-        """Every HTTP/2 connection (uvicorn's zttp) is told to go away (``goaway``)."""
+        """Every HTTP/2 connection (uvicorn's zttp) is told to go away."""
         for connection in list(self.server.server_state.connections):
-            if _is_http2(connection):
-                self.goaway(connection)
-
-    def goaway(self, connection: Any) -> None:
-        """An HTTP/2 connection told to go away (RFC 9113 §6.8), as graceful's hypercorn
-        does (docs/hypercorn.md, "HTTP/2 and GOAWAY"): an idle one gets GOAWAY naming
-        its last stream and is closed at once (uvicorn's ``shutdown``); a busy one right
-        after its last response in flight — an ``h2``-based client such as httpx fails a
-        response still arriving when a GOAWAY comes — and the streams it opens meanwhile
-        are served.  While draining, one that keeps opening streams while others run
-        gets it at once (zttp still serves the streams it names), or it would never go.
-        """
-        transport = connection.transport
-        if transport is None or transport.is_closing() or connection in self.http2_busy:
-            return
-        if not connection.cycles:
-            connection.shutdown()
-            return
-        self.http2_busy[connection] = max(connection.cycles)
-        self._watch_http2(connection)
-
-    def _watch_http2(self, connection: Any) -> None:
-        seen = self.http2_busy.get(connection)
-        loop = self.server._loop
-        if seen is None or loop is None or connection.transport.is_closing():
-            self.http2_busy.pop(connection, None)
-            return
-        if not connection.cycles:  # its last response went out: GOAWAY, closed
-            del self.http2_busy[connection]
-            connection.shutdown()
-            return
-        highest = max(connection.cycles)
-        if (
-            highest > seen
-            and len(connection.cycles) > 1
-            and self.coordinator.draining
-            and not connection.shutdown_requested
-        ):
-            connection.conn.close()  # GOAWAY now, naming the highest stream received
-            connection.flush()
-            connection.shutdown_requested = True  # closed once its last stream ends
-        self.http2_busy[connection] = max(highest, seen)
-        loop.call_later(_HTTP2_POLL_S, self._watch_http2, connection)
+            if self.http2.handles(connection):
+                self.http2.goaway(connection)
 
     def close_listeners(self) -> None:
         server, loop = self.server, self.server._loop
@@ -378,8 +336,8 @@ class UvicornShape(ServerShape):
         for connection in list(server.server_state.connections):
             if not server._is_http(connection):
                 continue
-            if _is_http2(connection):  # GOAWAY: at once if idle, else after its last stream
-                self.goaway(connection)
+            if self.http2.handles(connection):  # GOAWAY: at once if idle, else after
+                self.http2.goaway(connection)  # its last stream
                 continue
             cycle = getattr(connection, "cycle", None)
             if cycle is not None and not getattr(cycle, "response_complete", True):
@@ -423,11 +381,3 @@ class UvicornShape(ServerShape):
     async def lifespan_shutdown(self) -> None:
         if not self.server.force_exit:
             await self.server.lifespan.shutdown()
-
-
-def _is_http2(connection: Any) -> bool:
-    """uvicorn's zttp HTTP/2 protocol: its streams' request cycles by id (``cycles``), its
-    zttp connection (``conn``)."""
-    return isinstance(getattr(connection, "cycles", None), dict) and hasattr(
-        getattr(connection, "conn", None), "close"
-    )
