@@ -97,6 +97,19 @@ def test_a_declared_checker_uses_its_own_threshold_and_is_released_with_the_endp
     assert checkers.let_go(3, clock.now) == (None, None)
 
 
+def test_a_checker_declared_after_its_first_probes_takes_the_declaration() -> None:
+    """The kubelet probes before --kubernetes has read the pod (a second or so after
+    start): its record takes the threshold once declared, and is released with it."""
+    clock = Clock()
+    checkers = clock.checkers()
+    probe_every(clock, checkers, KUBELET, 3)
+    checkers.expect("kube-probe/", failures=1, period_s=1.0)
+    clock.requested = clock.now
+    assert checkers.pending(3) == "10.0.0.1 kube-probe/1.31 0/1"
+    checkers.release_declared()
+    assert checkers.let_go(3, clock.now) == (None, None)
+
+
 def test_checkers_are_told_apart_by_address_and_user_agent() -> None:
     clock = Clock()
     checkers = clock.checkers()

@@ -148,3 +148,27 @@ def test_stop_signal_warning(stop_signal: str | None, gunicorn: bool, warned: st
 )
 def test_disruption(condition: dict[str, Any], said: str | None) -> None:
     assert _spec.disruption(pod(web(), conditions=[condition])) == said
+
+
+@pytest.mark.parametrize(
+    ("sigterm_after_deletion_s", "expected"),
+    [(5.2, (5.2, 5.0)), (4.1, (4.1, 5.0)), (3.9, None)],
+)
+def test_a_sigterm_after_the_prestop_sleep(
+    sigterm_after_deletion_s: float, expected: tuple[float, float] | None
+) -> None:
+    """The pod's deletionTimestamp is 08:00:40Z with 30 s of grace: deleted at 08:00:10Z.
+    A SIGTERM at least the sleep (less 1 s for clocks) after that came after it."""
+    sleeping = pod(web(lifecycle={"preStop": {"sleep": {"seconds": 5}}}))
+    ours = _spec.container(sleeping, environ={})
+    assert isinstance(ours, _spec.Container)
+    deleted = _spec.deleted_at(sleeping)
+    assert deleted == _spec._timestamp("2026-11-27T08:00:10Z")
+    found = _spec.after_prestop_sleep(ours, sleeping, deleted + sigterm_after_deletion_s)
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert found[0] == deleted
+        assert found[1:] == pytest.approx(expected)
+    assert _spec.after_prestop_sleep(None, sleeping, deleted + 10) is None

@@ -1,5 +1,6 @@
 """Serving in one process: ``graceful run`` with one ``--server`` — uvicorn, hypercorn or
-aiohttp — alone or as a worker of a ``--workers`` parent.
+aiohttp (granian: ``graceful._cli.granian``) — alone or as a worker of a ``--workers``
+parent.
 
 Each server's body turns the parsed command line (an ``Invocation``) into that server's
 own configuration, serves through graceful's adapter for it and returns the exit status.
@@ -8,26 +9,25 @@ The servers are imported inside the functions: each is an optional extra.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
-import importlib.util
 import inspect
-import logging
-import os
 import socket
 import ssl
-import sys
-import sysconfig
-import traceback
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import _options as _config
 from .._core import logging as _logging
-from .._core.coordinator import ShutdownCoordinator
 from .._options import ConfigError, Values
 from .command import _DRAIN_ALIAS, EXIT_NOT_STARTED, EXIT_OK, Invocation, _uvicorn_command
+from .serving import (
+    _coordinator,
+    _loop,
+    _metrics_for_parent,
+    _not_started,
+    _ready_notifier,
+    _worker_socket,
+)
 
 if TYPE_CHECKING:
     import hypercorn.config
@@ -94,69 +94,10 @@ def _serve_one(inv: Invocation) -> int:
     if inv.server == "aiohttp":
         return _serve_aiohttp(inv)
     if inv.server == "granian":
-        return _serve_granian(inv)
+        from .granian import serve_granian
+
+        return serve_granian(inv)
     return _serve_uvicorn(inv)
-
-
-def _ready_notifier(inv: Invocation) -> Callable[[], Awaitable[None]]:
-    """Tell a ``--workers`` parent, once, that this worker serves."""
-    ready_fd = inv.ready_fd
-
-    async def notify_ready() -> None:
-        nonlocal ready_fd
-        if ready_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(ready_fd, b"R")
-                os.close(ready_fd)
-            ready_fd = None
-
-    return notify_ready
-
-
-def _worker_socket(inv: Invocation) -> socket.socket | None:
-    return None if inv.worker_fd is None else socket.socket(fileno=inv.worker_fd)
-
-
-def _coordinator(inv: Invocation) -> ShutdownCoordinator:
-    # The process is ours: a third signal exits at once, and a server that does not
-    # stop by the kill deadline is ended just before it.
-    coordinator = _config.build_coordinator(inv.values, exit_on_third_request=True, hard_exit=True)
-    _metrics_for_parent(inv, coordinator)
-    return coordinator
-
-
-def _metrics_for_parent(inv: Invocation, coordinator: ShutdownCoordinator) -> None:
-    """A ``--workers`` worker whose parent serves the metrics writes its own to
-    ``PROMETHEUS_MULTIPROC_DIR``, where the parent reads them."""
-    if inv.parent_metrics:
-        from ..metrics import register
-
-        register(coordinator)
-
-
-def _not_started(inv: Invocation, exc: BaseException) -> int:
-    """Status 3, and why in two lines: the app, the exception and where it was raised
-    (the traceback is logged at debug level: ``--log-level debug`` shows it)."""
-    _logging.LOGGER.debug("%s failed to start", inv.app, exc_info=exc)
-    reason = " ".join(str(exc).split())
-    frames = traceback.extract_tb(exc.__traceback__)[-1:]
-    # Where the app's own code raised: not a library's line (a module not found).
-    libraries = {sysconfig.get_path(p) for p in ("stdlib", "purelib", "platlib")}
-    libraries.add(os.path.dirname(__file__))
-    own = [
-        f for f in frames if f.filename[:1] != "<" and not f.filename.startswith(tuple(libraries))
-    ]
-    at = f" ({own[0].filename}, line {own[0].lineno})" if own else ""
-    debug = _logging.LOGGER.isEnabledFor(logging.DEBUG)
-    print(
-        f"graceful run: {inv.app} failed to start: {type(exc).__name__}"
-        f"{': ' + reason if reason else ''}{at}\n"
-        f"graceful run: exit status {EXIT_NOT_STARTED} (the app could not be loaded or started)"
-        + ("" if debug else "; --log-level debug shows the traceback"),
-        file=sys.stderr,
-        flush=True,
-    )
-    return EXIT_NOT_STARTED
 
 
 # ------------------------------------------------------------------------ uvicorn
@@ -267,14 +208,6 @@ def hypercorn_config(inv: Invocation) -> hypercorn.config.Config:
         if name in inv.given:
             setattr(config, attribute, inv.option(name))
     return config
-
-
-def _loop(values: Values) -> str:
-    """``auto`` is uvloop if it is installed, as with uvicorn."""
-    loop = str(values["loop"])
-    if loop != "auto":
-        return loop
-    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
 
 def _serve_hypercorn(inv: Invocation) -> int:
@@ -391,74 +324,6 @@ def _serve_aiohttp(inv: Invocation) -> int:
             **options,
             **_config.middleware_kwargs(values),
         )
-    except Exception as exc:
-        if served:
-            raise
-        return _not_started(inv, exc)
-    return EXIT_OK if served else EXIT_NOT_STARTED
-
-
-# ------------------------------------------------------------------------ granian
-
-
-def granian_options(inv: Invocation) -> dict[str, Any]:
-    """granian's embedded-server settings of ``inv``: uvicorn's options that apply."""
-    from pathlib import Path
-
-    level = str(inv.values["log_level"]).replace("trace", "debug")
-    options: dict[str, Any] = {
-        "log_level": level,
-        "log_access": bool(inv.option("access_log", True)),
-        "factory": bool(inv.option("factory")),
-    }
-    if "backlog" in inv.given:
-        options["backlog"] = inv.option("backlog")
-    if inv.option("ssl_certfile") is not None:
-        options["ssl_cert"] = Path(inv.option("ssl_certfile"))
-        options["ssl_key"] = Path(inv.option("ssl_keyfile"))
-        options["ssl_key_password"] = inv.option("ssl_keyfile_password")
-        if inv.option("ssl_ca_certs"):
-            options["ssl_ca"] = Path(inv.option("ssl_ca_certs"))
-    return options
-
-
-def _serve_granian(inv: Invocation) -> int:
-    from ..granian import NotStarted, load_app, run
-    from .address import _listener
-
-    try:
-        app = load_app(inv.app)
-    except Exception as exc:  # a missing module or attribute, or one that raised
-        return _not_started(inv, exc)
-    options = granian_options(inv)
-    if options.pop("factory"):
-        try:
-            app = app()
-        except Exception as exc:
-            return _not_started(inv, exc)
-    coordinator = _coordinator(inv)
-    served = False
-
-    async def started() -> None:  # the coordinator runs once granian serves
-        nonlocal served
-        served = True
-        await _ready_notifier(inv)()
-
-    coordinator.start_background(started)
-    sock = _worker_socket(inv)
-    if sock is None:
-        sock = _listener(inv)  # --uds, --fd or --host/--port, as a --workers parent binds
-    try:
-        run(
-            app,
-            sock=sock,
-            granian_options=options,
-            loop="uvloop" if _loop(inv.values) == "uvloop" else "asyncio",
-            coordinator=coordinator,
-            **_config.middleware_kwargs(inv.values),
-        )
-    except NotStarted as exc:
-        return _not_started(inv, exc)
     except Exception as exc:
         if served:
             raise

@@ -111,7 +111,11 @@ class HealthCheckers:
             raise ValueError(f"failures must be an int >= 0, got {failures!r}")
         if not period_s > 0:
             raise ValueError(f"period_s must be > 0, got {period_s!r}")
-        self._declared.append(_Declared(agent_prefix, failures, float(period_s)))
+        declared = _Declared(agent_prefix, failures, float(period_s))
+        self._declared.append(declared)
+        for (_peer, agent), checker in self._checkers.items():  # probes seen before
+            if checker.threshold is None and agent.startswith(agent_prefix):
+                _declare(checker, declared)
 
     def release_declared(self) -> None:
         """The declared checkers have let go (the pod left its EndpointSlice)."""
@@ -130,8 +134,7 @@ class HealthCheckers:
             checker = self._checkers[key] = _Checker()
             for declared in self._declared:
                 if key[1].startswith(declared.agent_prefix):
-                    checker.threshold = declared.threshold
-                    checker.period_s = declared.period_s
+                    _declare(checker, declared)
                     break
             while len(self._checkers) > _CHECKERS_KEPT:
                 del self._checkers[next(iter(self._checkers))]
@@ -194,6 +197,11 @@ class HealthCheckers:
         if kubelet:  # a deleted pod's endpoint goes without them; only the API tells
             said += "; the kubelet's probes: --kubernetes stops waiting for them at a deletion"
         return said
+
+
+def _declare(checker: _Checker, declared: _Declared) -> None:
+    checker.threshold = declared.threshold
+    checker.period_s = declared.period_s
 
 
 def _period(probes: deque[float]) -> float | None:

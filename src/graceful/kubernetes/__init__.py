@@ -105,11 +105,6 @@ __all__ = (
 logger: Final = logging.getLogger("graceful")
 
 
-#: A SIGTERM this much earlier than deletion + the preStop sleep still came after the
-#: sleep (the API server's and the node's clocks differ; the kubelet rounds).
-PRESTOP_TOLERANCE_S: Final = 1.0
-
-
 @final
 class Kubernetes:
     """Reads the pod's kill deadline and endpoint state for a coordinator.
@@ -393,13 +388,10 @@ class Kubernetes:
     def _after_prestop_sleep(self, pod: Any, requested_wall: float) -> None:
         """A SIGTERM that came after the container's preStop sleep: the endpoint went at
         the deletion, so the idle window counts from then, not once more from now."""
-        sleep_s = None if self._container is None else self._container.prestop_sleep_s
-        deleted = _deleted_at(pod)
-        if sleep_s is None or deleted is None or not self.waits_for_endpoints:
+        slept = _spec.after_prestop_sleep(self._container, pod, requested_wall)
+        if slept is None or not self.waits_for_endpoints:
             return
-        waited = requested_wall - deleted
-        if waited < sleep_s - PRESTOP_TOLERANCE_S:
-            return
+        deleted, waited, sleep_s = slept
         logger.info(
             "kubernetes: SIGTERM came %.1f s after the pod's deletion, after its preStop "
             "sleep of %g s: its endpoint is gone already; the idle window counts from "
@@ -451,14 +443,3 @@ def _removed(coordinator: ShutdownCoordinator, seconds_ago: float = 0.0) -> None
     probe no longer needs to fail for traffic to stop."""
     coordinator.notify_endpoint_removed(seconds_ago=seconds_ago)
     coordinator.health_checkers.release_declared()
-
-
-def _deleted_at(pod: Any) -> float | None:
-    """When the pod was deleted (wall clock): its ``deletionTimestamp`` less its
-    ``deletionGracePeriodSeconds``."""
-    meta = pod.metadata
-    stamp = _timestamp(meta.deletionTimestamp)
-    grace = meta.deletionGracePeriodSeconds
-    if stamp is None or grace is None:
-        return None
-    return stamp - float(grace)

@@ -32,8 +32,17 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .._core.checkers import KUBELET_AGENT as KUBELET_AGENT
+from ._pod import _timestamp
 
-__all__ = ("Container", "container", "disruption", "prestop_sleep_s", "stop_signal_warning")
+__all__ = (
+    "Container",
+    "after_prestop_sleep",
+    "container",
+    "deleted_at",
+    "disruption",
+    "prestop_sleep_s",
+    "stop_signal_warning",
+)
 
 #: The variable naming graceful's container in a pod of several.
 CONTAINER_ENV: Final = "GRACEFUL_CONTAINER"
@@ -145,6 +154,38 @@ def stop_signal_warning(stop_signal: str | None, *, under_gunicorn: bool) -> str
         f"the pod's lifecycle.stopSignal is {stop_signal}: {what}; "
         "use SIGTERM (or remove stopSignal) for a graceful drain"
     )
+
+
+#: A SIGTERM this much earlier than deletion + the preStop sleep still came after the
+#: sleep (the API server's and the node's clocks differ; the kubelet rounds).
+PRESTOP_TOLERANCE_S: Final = 1.0
+
+
+def after_prestop_sleep(
+    ours: Container | None, pod: Any, requested_wall: float
+) -> tuple[float, float, float] | None:
+    """``(deleted, waited, sleep_s)`` when the SIGTERM (at ``requested_wall``) came
+    after ``ours``'s preStop sleep of ``sleep_s`` (``waited`` seconds after the pod's
+    deletion at ``deleted``, wall clock), else ``None``."""
+    sleep_s = None if ours is None else ours.prestop_sleep_s
+    deleted = deleted_at(pod)
+    if sleep_s is None or deleted is None:
+        return None
+    waited = requested_wall - deleted
+    if waited < sleep_s - PRESTOP_TOLERANCE_S:
+        return None
+    return deleted, waited, sleep_s
+
+
+def deleted_at(pod: Any) -> float | None:
+    """When the pod was deleted (wall clock): its ``deletionTimestamp`` less its
+    ``deletionGracePeriodSeconds``."""
+    meta = pod.metadata
+    stamp = _timestamp(meta.deletionTimestamp)
+    grace = meta.deletionGracePeriodSeconds
+    if stamp is None or grace is None:
+        return None
+    return stamp - float(grace)
 
 
 def disruption(pod: Any) -> str | None:
