@@ -136,12 +136,32 @@ def test_threshold_zero_waits_for_no_checker() -> None:
     assert checkers.let_go(0, clock.now) == (None, None)
 
 
-def test_checkers_remembered_are_bounded() -> None:
+def test_checkers_remembered_are_bounded_and_one_offs_go_first() -> None:
+    """A flood of one-off user agents (a crawler, anyone who reaches /readyz) neither
+    grows the process nor evicts the balancer that has been probing."""
     clock = Clock()
     checkers = clock.checkers()
+    probe_every(clock, checkers, HAPROXY, 3)
     for n in range(1000):
         checkers.answered("10.0.0.9", f"made-up/{n}", 200)
     assert len(checkers._checkers) == 64
+    assert ("10.0.0.7", "") in checkers._checkers
+    clock.requested = clock.now
+    checkers.answered("10.0.0.9", "new-after-the-request/1", 503)  # not recorded
+    assert ("10.0.0.9", "new-after-the-request/1") not in checkers._checkers
+    assert checkers.let_go(3, clock.now)[0] is None  # the balancer is still waited for
+
+
+def test_a_checker_answered_ready_after_the_request_is_not_waited_for() -> None:
+    """readiness-on-shutdown keep: 200 while accepting, so the checker never fails."""
+    clock = Clock()
+    checkers = clock.checkers()
+    probe_every(clock, checkers, HAPROXY, 3)
+    clock.requested = clock.now
+    assert checkers.let_go(3, clock.now)[1] is not None
+    clock.now += 2.0
+    checkers.answered(*HAPROXY, 200)
+    assert checkers.let_go(3, clock.now) == (None, None)
 
 
 def test_accept_until_idle_starts_its_idle_window_when_the_checkers_let_go() -> None:

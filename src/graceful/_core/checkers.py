@@ -29,8 +29,14 @@ When a checker has let go
 Once it has been answered its threshold of 503s since the request (the time of that
 answer), or once it has not probed for two of its periods (it stopped checking: its
 balancer let go or is gone; a checker that marked a backend down keeps probing it, to see
-it come back).  Only counting balances what a health checker needs and what traffic
-shows: the kill deadline and ``max_wait_s`` still bound the wait.
+it come back).  One answered 200 after the request (``--readiness-on-shutdown keep``
+while accepting, or a pod still served by other workers) is not told to let go at all:
+it is not waited for.  Who first probes after the request is not recorded; when more
+than 64 are remembered, the one with the fewest probes is forgotten (a crawler's one-off
+requests before a balancer that has probed for a while).  Two checkers on one address
+with one ``User-Agent`` are one to graceful: the faster one's failures count for both —
+give each its own ``User-Agent`` (HAProxy: ``http-check send hdr User-Agent …``).  The
+kill deadline and ``max_wait_s`` still bound the wait.
 
 Several worker processes behind one port each see their share of the probes; each waits
 for its own count (longer, never shorter, than the checker needs).
@@ -70,7 +76,7 @@ class _Checker:
         self.failed: list[float] = []  # when each 503 was answered
         self.threshold: int | None = None  # declared
         self.period_s: float | None = None  # declared
-        self.released = False  # declared, and its pod left the EndpointSlice
+        self.released = False  # not waited for: its pod left the endpoints, or answered 200
 
 
 class _Declared:
@@ -128,24 +134,42 @@ class HealthCheckers:
         """A readiness probe from ``peer`` (its address) with ``user_agent`` was answered
         ``status``."""
         now = self._now()
+        requested = self._requested_at() is not None
         key = (peer or "", user_agent or "")
         checker = self._checkers.get(key)
         if checker is None:
+            if requested:
+                return  # only who probed before the request is waited for
             checker = self._checkers[key] = _Checker()
             for declared in self._declared:
                 if key[1].startswith(declared.agent_prefix):
                     _declare(checker, declared)
                     break
-            while len(self._checkers) > _CHECKERS_KEPT:
-                del self._checkers[next(iter(self._checkers))]
+            if len(self._checkers) > _CHECKERS_KEPT:
+                self._forget_one()
         checker.last = now
-        if self._requested_at() is None:
+        if not requested:
             checker.probes.append(now)
         elif status >= 500:
             checker.failures += 1
             if len(checker.failed) < _FAILURES_KEPT:
                 checker.failed.append(now)
             self._changed()
+        elif not checker.released:
+            # Answered ready after the request (readiness kept while accepting, or the
+            # pod still serving through other workers): this checker is not told to let
+            # go of the process, so waiting for it buys nothing.
+            checker.released = True
+            self._changed()
+
+    def _forget_one(self) -> None:
+        """Make room: forget the checker with the fewest probes (one-off requests — a
+        crawler, a script — before a balancer that has probed for a while), the one
+        heard from least recently among those."""
+        key = min(
+            self._checkers, key=lambda k: (len(self._checkers[k].probes), self._checkers[k].last)
+        )
+        del self._checkers[key]
 
     def let_go(self, failures: int, now: float) -> tuple[float | None, float | None]:
         """When every checker probing before the request let go, given ``failures``
