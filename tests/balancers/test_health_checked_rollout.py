@@ -45,11 +45,23 @@ SETUPS = {
         [*GRACEFUL, "tests.support.aiohttp_apps.app:app", "--server", "aiohttp"],
         RUNNING,
     ),
+    "graceful uvicorn, --readiness-failures 0": (
+        [*GRACEFUL, "examples.asgi_app:app", "--readiness-failures", "0"],
+        RUNNING,
+    ),
     "stock uvicorn": (
         [sys.executable, "-m", "uvicorn", STOCK_APP, "--port", "0"],
         r"running on http://127\.0\.0\.1:(\d+)",
     ),
 }
+#: ``graceful run --workers 2`` with the probes on the parent's management port: the
+#: parent counts the checks, the workers wait for its word (``graceful._cli.relay``).
+WORKERS = "graceful --workers 2, probes on --management-port"
+SETUPS[WORKERS] = (
+    [*GRACEFUL, "examples.asgi_app:app", "--workers", "2", "--management-port", "0"],
+    r"listening on http://127\.0\.0\.1:(\d+) with 2 workers",
+)
+MANAGEMENT = {WORKERS: r"management listener on 127\.0\.0\.1 port (\d+)"}
 
 
 @dataclass
@@ -60,6 +72,9 @@ class Backend:
     good: int = 0
     bad: int = 0
     marked: list[tuple[float, str]] = field(default_factory=list)
+    check_port: int = 0  # where its health checks go, if not its port
+    signalled_at: float = 0.0  # time.monotonic() of its SIGTERM
+    exited_at: float = 0.0  # when its exit was seen
 
     @property
     def port(self) -> int:
@@ -88,7 +103,7 @@ class CheckedBalancer:
     async def _check(self, backend: Backend) -> None:
         while True:
             started = self.loop.time()
-            ok = await _probe(backend.port)
+            ok = await _probe(backend.check_port or backend.port)
             backend.good, backend.bad = (backend.good + 1, 0) if ok else (0, backend.bad + 1)
             if not backend.up and backend.good >= RISE:
                 backend.up = True
@@ -161,7 +176,10 @@ def _start(setup: str, name: str) -> Backend:
     command, listening = SETUPS[setup]
     server = ServerProcess(command)
     server.port = int(server.wait_for_line(listening, timeout_s=20).group(1))
-    return Backend(name, server)
+    backend = Backend(name, server)
+    if setup in MANAGEMENT:
+        backend.check_port = int(server.wait_for_line(MANAGEMENT[setup]).group(1))
+    return backend
 
 
 def _rolling_restart(setup: str) -> tuple[Traffic, Backend]:
@@ -180,10 +198,13 @@ def _rolling_restart(setup: str) -> tuple[Traffic, Backend]:
         started.append(new)
         lb.check(new)
         wait_for(lambda: lb.routes_to("new"), 20, "the new backend in rotation")
+        old.signalled_at = time.monotonic()
         old.server.signal(signal.SIGTERM)
         wait_for(lambda: not lb.routes_to("old"), 30, "the checker marking the old one down")
         status = old.server.wait_exit(timeout_s=30)
-        assert status == 0 or setup.startswith("stock"), status  # stock re-raises SIGTERM
+        old.exited_at = time.monotonic()
+        # (stock uvicorn re-raises SIGTERM)
+        assert status == 0 or setup.startswith("stock"), (status, old.server.output()[-3000:])
         traffic.stop()
         return traffic, old
     finally:
@@ -194,7 +215,7 @@ def _rolling_restart(setup: str) -> tuple[Traffic, Backend]:
             backend.server.stop()
 
 
-@pytest.mark.parametrize("setup", ["graceful uvicorn", "graceful aiohttp"])
+@pytest.mark.parametrize("setup", ["graceful uvicorn", "graceful aiohttp", WORKERS])
 def test_a_health_checked_rolling_restart_loses_nothing_with_default_settings(setup: str) -> None:
     traffic, old = _rolling_restart(setup)
     print(f"{setup}: {len(traffic.failures)} failed, {traffic.served} served")
@@ -202,6 +223,9 @@ def test_a_health_checked_rolling_restart_loses_nothing_with_default_settings(se
     assert traffic.served >= 4
     output = old.server.output()
     assert "accepting until the health checkers probing readiness have seen" in output
+    if setup == WORKERS:  # the parent counted them, and told the workers
+        assert "workers accept until the health checkers have seen the pod fail" in output
+        assert "the health checkers probing the management port let go of the pod" in output
     # Accepting ended after the checker's third 503, not at the idle window alone.
     assert "accepting -> draining: no new connection for" in output
 

@@ -306,6 +306,9 @@ class Invocation:
     #: A ``--workers`` worker whose parent serves every worker's metrics (from
     #: ``PROMETHEUS_MULTIPROC_DIR``): it writes its own there.
     parent_metrics: bool = False
+    #: A ``--workers`` worker whose parent answers the health checks (its management
+    #: port): accept-until-idle waits for the parent's word that they let go.
+    parent_checks: bool = False
 
     @property
     def server(self) -> str:

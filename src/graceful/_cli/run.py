@@ -145,13 +145,15 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Invo
         raise ConfigError("the argument MODULE:APP is required (e.g. myapp:app)")
     if ":" not in app:
         raise ConfigError(f"MODULE:APP must look like 'package.module:app', got {app!r}")
-    parent_metrics = False
+    parent_metrics = parent_checks = False
     if worker_fd is not None and values["management_port"] is not None:
         parent_metrics = values["metrics_path"] is not None
+        parent_checks = values["readiness_path"] is not None
         values = _config.answered_by_parent(values)  # the parent's listener answers
     invocation = Invocation(
-        app, values, params, given, worker_fd, ready_fd, parent_pid, parent_metrics
-    )
+        app, values, params, given, worker_fd, ready_fd, parent_pid, parent_metrics,
+        parent_checks,
+    )  # fmt: skip
     _check(invocation)
     return invocation
 

@@ -22,8 +22,8 @@ from .._options import ConfigError, Values
 from .command import _DRAIN_ALIAS, EXIT_NOT_STARTED, EXIT_OK, Invocation, _uvicorn_command
 from .serving import (
     _coordinator,
+    _for_parent,
     _loop,
-    _metrics_for_parent,
     _not_started,
     _ready_notifier,
     _worker_socket,
@@ -136,7 +136,7 @@ def _serve_uvicorn(inv: Invocation) -> int:
     from ..uvicorn import build_server
 
     server = build_server(inv.values, config, exit_on_third_request=True, hard_exit=True)
-    _metrics_for_parent(inv, server.coordinator)
+    _for_parent(inv, server.coordinator)
     sock = _worker_socket(inv)
     try:
         server.run(sockets=None if sock is None else [sock])

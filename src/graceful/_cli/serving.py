@@ -17,13 +17,14 @@ from collections.abc import Awaitable, Callable
 from .. import _options as _config
 from .._core import logging as _logging
 from .._core.coordinator import ShutdownCoordinator
+from .._core.policy import AcceptUntilIdle
 from .._options import Values
 from .command import EXIT_NOT_STARTED, Invocation
 
 __all__ = (
     "_coordinator",
     "_loop",
-    "_metrics_for_parent",
+    "_for_parent",
     "_not_started",
     "_ready_notifier",
     "_worker_socket",
@@ -53,13 +54,19 @@ def _coordinator(inv: Invocation) -> ShutdownCoordinator:
     # The process is ours: a third signal exits at once, and a server that does not
     # stop by the kill deadline is ended just before it.
     coordinator = _config.build_coordinator(inv.values, exit_on_third_request=True, hard_exit=True)
-    _metrics_for_parent(inv, coordinator)
+    _for_parent(inv, coordinator)
     return coordinator
 
 
-def _metrics_for_parent(inv: Invocation, coordinator: ShutdownCoordinator) -> None:
-    """A ``--workers`` worker whose parent serves the metrics writes its own to
-    ``PROMETHEUS_MULTIPROC_DIR``, where the parent reads them."""
+def _for_parent(inv: Invocation, coordinator: ShutdownCoordinator) -> None:
+    """A ``--workers`` worker whose parent has the management listener: it writes its
+    metrics to ``PROMETHEUS_MULTIPROC_DIR``, where the parent reads them, and waits for
+    the parent's word that the health checkers probing it let go."""
+    policy = coordinator.policy
+    if inv.parent_checks and isinstance(policy, AcceptUntilIdle) and policy.readiness_failures:
+        from .relay import wait_for_parents_checkers
+
+        wait_for_parents_checkers(coordinator)
     if inv.parent_metrics:
         from ..metrics import register
 

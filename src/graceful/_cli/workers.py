@@ -60,11 +60,13 @@ from .._core.deadlines import DEFAULT_GRACE_PERIOD_S
 from .._core.signals import signal_name
 from .address import _listener, _remove_uds, _where
 from .command import EXIT_FAILED, EXIT_NOT_STARTED, EXIT_OK, Invocation
+from .relay import Relay
 from .tasks import _Tasks
 
 if TYPE_CHECKING:
     from .._core.threaded import MetricsText, ThreadedManagement
     from .._options import Values
+    from .relay import Relay
 
 logger = logging.getLogger("graceful")
 
@@ -88,6 +90,7 @@ def _serve_workers(inv: Invocation, argv: Sequence[str]) -> int:
             sock, command, values["workers"], values["grace_period"], values["kubernetes"]
         )
         if values["management_port"] is not None:
+            supervisor.relay = Relay.of(values, lambda: supervisor.deadline)
             supervisor.management = _management(values, supervisor)
         return supervisor.run()
     finally:
@@ -112,6 +115,7 @@ def _management(values: Values, supervisor: _Supervisor) -> ThreadedManagement:
         stop=lambda: supervisor.tasks.put(supervisor._prestop),
         deadline=lambda: supervisor.deadline,
         metrics=metrics,
+        checkers=None if supervisor.relay is None else supervisor.relay.answered,
     )
 
 
@@ -156,6 +160,7 @@ class _Supervisor:
     boot_failures: int = 0
     reload: list[_Worker] | None = None  # the new workers of a reload in progress
     management: ThreadedManagement | None = None  # --management-port: the pod's listener
+    relay: Relay | None = None  # the management port's health checkers (relay.py)
 
     def run(self) -> int:
         from .._core.signals import catch_signals
@@ -163,6 +168,8 @@ class _Supervisor:
         # A mask inherited from whoever started us (a thread of a program that blocks
         # them) would leave these signals pending for ever: they are ours now.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PARENT_SIGNALS)
+        if self.relay is not None:
+            self.relay.ignore_in_children()
         with (
             self.tasks.woken_by_signals(),
             catch_signals(PARENT_SIGNALS, self._on_signal, schedule=self.tasks.put),
@@ -278,6 +285,8 @@ class _Supervisor:
             self.status = status
         grace = DEFAULT_GRACE_PERIOD_S if self.grace_period_s is None else self.grace_period_s
         self.deadline = time.monotonic() + grace
+        if self.relay is not None and status is None:
+            self.relay.start(lambda: self.tasks.put(self._checkers_released))
         if self.kubernetes and status is None:
             # The workers plan against the pod's own deadline: so must our SIGKILL.
             threading.Thread(
@@ -321,10 +330,26 @@ class _Supervisor:
         for worker in workers:
             worker.retiring = True
             self._signal(worker, signal.SIGTERM)
+            self._release(worker)  # the pod stays in rotation: nothing to wait for
+
+    def _checkers_released(self) -> None:
+        assert self.relay is not None
+        self.relay.released = True
+        for worker in self.workers:
+            if worker.ready:
+                self._release(worker)
+
+    def _release(self, worker: _Worker) -> None:
+        if self.relay is not None:
+            from .relay import RELEASED_SIGNAL
+
+            self._signal(worker, RELEASED_SIGNAL)
 
     def _on_ready(self, worker: _Worker) -> None:
         logger.info("worker %d serves", worker.proc.pid)
         worker.ready = True
+        if self.relay is not None and self.relay.released:
+            self._release(worker)
         self.ever_ready = True
         self.boot_failures = 0
         if self.reload is not None and all(w.ready for w in self.reload):

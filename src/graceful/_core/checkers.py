@@ -55,6 +55,8 @@ __all__ = ("HealthCheckers",)
 _PROBES_KEPT: Final = 8
 _CHECKERS_KEPT: Final = 64
 _FAILURES_KEPT: Final = 64
+#: How often a hold (``HealthCheckers.hold``) is looked at while waited for.
+HELD_RECHECK_S: Final = 0.25
 #: The kubelet's probes' ``User-Agent`` starts with this (``kube-probe/1.31``).
 KUBELET_AGENT: Final = "kube-probe/"
 #: A checker quiet for this many of its periods has stopped checking.
@@ -109,6 +111,9 @@ class HealthCheckers:
         self._requested_at = requested_at
         self._checkers: dict[tuple[str, str], _Checker] = {}
         self._declared: list[_Declared] = []
+        self._held: str | None = None  # see hold
+        self._was_held = False
+        self._released_at: float | None = None  # when the hold was seen released
 
     def expect(self, agent_prefix: str, *, failures: int, period_s: float) -> None:
         """Declare a checker: probes whose ``User-Agent`` starts with ``agent_prefix``
@@ -122,6 +127,23 @@ class HealthCheckers:
         for (_peer, agent), checker in self._checkers.items():  # probes seen before
             if checker.threshold is None and agent.startswith(agent_prefix):
                 _declare(checker, declared)
+
+    def hold(self, by: str) -> None:
+        """Wait, besides the checkers seen here, until ``release_held`` (at most until
+        accepting must end): the checkers probe another process — a ``--workers``
+        parent's management port — which says when they have let go."""
+        self._held = by
+        self._was_held = True
+
+    def release_held(self) -> None:
+        """The other process's checkers have let go.  Only sets a flag: callable from a
+        signal handler; the policy sees it at its next look (``HELD_RECHECK_S``)."""
+        self._held = None
+
+    @property
+    def held(self) -> str | None:
+        """Who is waited for besides the checkers seen here (``hold``), if anyone."""
+        return self._held
 
     def release_declared(self) -> None:
         """The declared checkers have let go (the pod left its EndpointSlice)."""
@@ -185,6 +207,12 @@ class HealthCheckers:
             return None, None
         latest: float | None = None
         recheck: float | None = None
+        if self._held is not None:
+            recheck = now + HELD_RECHECK_S
+        elif self._released_at is None and self._was_held:
+            self._released_at = now
+        if self._released_at is not None:
+            latest = self._released_at
         for checker in self._checkers.values():
             threshold = failures if checker.threshold is None else checker.threshold
             period = checker.period_s or _period(checker.probes)
@@ -217,7 +245,7 @@ class HealthCheckers:
             if known and not c.released and c.failures < threshold:
                 waiting.append(f"{peer or '?'} {agent or '-'} {c.failures}/{threshold}")
                 kubelet = kubelet or (c.threshold is None and agent.startswith(KUBELET_AGENT))
-        said = ", ".join(waiting[:3])
+        said = ", ".join([self._held, *waiting[:3]] if self._held else waiting[:3])
         if kubelet:  # a deleted pod's endpoint goes without them; only the API tells
             said += "; the kubelet's probes: --kubernetes stops waiting for them at a deletion"
         return said

@@ -59,6 +59,7 @@ class ThreadedManagement:
         deadline: ``() -> the monotonic kill deadline, or None``.
         metrics: Renders every process's metrics (with ``paths["metrics"]``).
         who: How the start-up line names the listener's owner.
+        checkers: Told of each readiness answer: ``(peer, user agent, status)``.
 
     Raises:
         OSError: the address cannot be bound.
@@ -75,8 +76,10 @@ class ThreadedManagement:
         deadline: Callable[[], float | None],
         metrics: MetricsText | None = None,
         who: str = "for every worker",
+        checkers: Callable[[str | None, str | None, int], None] | None = None,
     ) -> None:
         self._state = state
+        self._checkers = checkers
         self._stop = stop
         self._deadline = deadline
         self._done = threading.Event()
@@ -137,8 +140,17 @@ class ThreadedManagement:
 
     # ------------------------------------------------------------------ answers
 
-    def answer(self, path: str, query: str) -> tuple[int, str, bytes]:
-        """(status, content type, body) for ``path``."""
+    def answer(
+        self, path: str, query: str, peer: str | None = None, user_agent: str | None = None
+    ) -> tuple[int, str, bytes]:
+        """(status, content type, body) for ``path``; a readiness answer is reported to
+        ``checkers`` with who asked (``peer``, ``user_agent``)."""
+        status, content_type, body = self._answer(path, query)
+        if self._checkers is not None and self.paths.get(path) == "readiness":
+            self._checkers(peer, user_agent, status)
+        return status, content_type, body
+
+    def _answer(self, path: str, query: str) -> tuple[int, str, bytes]:
         kind = self.paths.get(path)
         text = "text/plain; charset=utf-8"
         serving, stopping, workers = self._state()
@@ -201,7 +213,9 @@ def _handler(management: ThreadedManagement) -> type[http.server.BaseHTTPRequest
                 if head_only and management.paths.get(url.path) == "prestop":
                     status, content_type, body = 405, "text/plain", b"method not allowed\n"
                 else:
-                    status, content_type, body = management.answer(url.path, url.query)
+                    status, content_type, body = management.answer(
+                        url.path, url.query, self.client_address[0], self.headers["User-Agent"]
+                    )
             self.send_response(status)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
