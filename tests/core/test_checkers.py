@@ -204,3 +204,22 @@ def test_the_kubelet_not_declared_is_waited_for_and_the_log_says_how_to_stop_tha
         "10.0.0.1 kube-probe/1.31 0/3; the kubelet's probes: --kubernetes stops waiting "
         "for them at a deletion"
     )
+
+
+def test_a_hold_is_waited_for_until_released_and_counts_from_then() -> None:
+    """A --workers worker whose parent answers the probes: it holds until the parent's
+    word (a signal handler: a flag only), then the idle window counts from when the
+    release was seen."""
+    clock = Clock()
+    checkers = clock.checkers()
+    checkers.hold("the parent's checkers")
+    assert checkers.held == "the parent's checkers"
+    clock.requested = clock.now
+    released, recheck = checkers.let_go(3, clock.now)
+    assert released is None
+    assert recheck == clock.now + 0.25
+    assert checkers.pending(3) == "the parent's checkers"
+    clock.now += 5.0
+    checkers.release_held()
+    assert checkers.let_go(3, clock.now) == (clock.now, None)
+    assert checkers.let_go(3, clock.now + 1.0) == (clock.now, None)  # the first look
