@@ -222,6 +222,7 @@ def test_a_sigterm_after_the_prestop_sleep_does_not_wait_the_idle_window_again(
     sigterm, _ = first(log, r"serving -> accepting: SIGTERM")
     first(log, r"SIGTERM came [\d.]+ s after the pod's deletion, after its preStop sleep of 4 s")
     draining, _ = first(log, r"accepting -> draining: no new connection for")
+    print(f"preStop sleep 4 s, idle 6 s: accepting ended {draining - sigterm:.2f} s after SIGTERM")
     assert draining - sigterm < 6.0 - 1.5, log  # ~2 s; 6 s counted from SIGTERM
     assert pod.exit_status == 0
     assert not pod.killed
