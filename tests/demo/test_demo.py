@@ -153,6 +153,40 @@ def test_demo_runs_hypercorn_and_aiohttp_stock_and_graceful(tmp_path: Path) -> N
     assert set(_panels(plot)) == set(servers)
 
 
+def test_demo_runs_granian_stock_and_graceful(tmp_path: Path) -> None:
+    """Issue 31: stock granian (``python -m granian --interface asgi``) refuses
+    connections during the propagation delay; graceful's granian, every policy but
+    refuse-immediately, loses nothing, with A's phases from its own events, and exits
+    before SIGKILL."""
+    pytest.importorskip("granian")
+    servers = [
+        "granian", "graceful-granian:accept-until-idle", "graceful-granian:serve-until-killed",
+    ]  # fmt: skip
+    report, plot = tmp_path / "demo.json", tmp_path / "timeline.svg"
+    result = _demo(
+        "--servers", ",".join(servers), "--warmup", "1", "--tail", "0.3",
+        "--keepalive-clients", "2", "--fresh-clients", "2", "--long-requests", "1",
+        "--long-request-s", "1", "--websockets", "1",
+        "--json", str(report), "--plot", str(plot),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcomes = {o["server"]: o for o in json.loads(report.read_text())["outcomes"]}
+    assert list(outcomes) == servers
+    for name in servers:
+        assert name in result.stdout  # the table has a row for it
+        outcome = outcomes[name]
+        assert outcome["requests"] > 100, outcome
+        assert outcome["a_ended"] == "exited 0", outcome
+        if outcome["policy"] is None:  # stock: granian's listener closes at SIGTERM
+            assert outcome["results"]["refused"] > 0, outcome
+            assert outcome["a_phases"] == []
+        else:
+            assert outcome["failed"] == 0, outcome
+            phases = [mark["phase"] for mark in outcome["a_phases"]]
+            assert phases == ["accepting", "draining", "stopping", "stopped"], outcome
+    assert set(_panels(plot)) == set(servers)
+
+
 @pytest.mark.parametrize("worker", ["sync", "gthread"])
 def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
     tmp_path: Path, worker: str

@@ -20,9 +20,9 @@ explain themselves:
   ``graceful._demo.aiohttp_app``, the same endpoints for aiohttp.
 
 The default run is stock uvicorn and each policy on uvicorn; ``--servers`` adds stock
-and graceful hypercorn and aiohttp.  This module is only the command line;
-``benchmarks/rollout.py`` drives the same scenario over a matrix of delays and client
-mixes.
+and graceful hypercorn, aiohttp, granian and gunicorn's WSGI workers.  This module is
+only the command line; ``benchmarks/rollout.py`` drives the same scenario over a matrix
+of delays and client mixes.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--servers",
         default=",".join(SERVERS),
         help="comma-separated, from: uvicorn, graceful:POLICY, hypercorn, "
-        "graceful-hypercorn:POLICY, aiohttp, graceful-aiohttp:POLICY; POLICY: "
+        "graceful-hypercorn:POLICY, aiohttp, graceful-aiohttp:POLICY, granian, "
+        "graceful-granian:POLICY, gunicorn-sync, graceful-sync:POLICY, gunicorn-gthread, "
+        "graceful-gthread:POLICY; POLICY: "
         f"{', '.join(POLICIES)} (default: %(default)s)",
     )
     parser.add_argument(

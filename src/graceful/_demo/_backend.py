@@ -1,4 +1,6 @@
-"""A demo backend: ``python -m graceful._demo._backend --server {uvicorn,hypercorn,aiohttp}``.
+"""A demo backend: ``python -m graceful._demo._backend --server SERVER``.
+
+``SERVER`` is ``uvicorn`` (the default), ``hypercorn``, ``aiohttp`` or ``granian``.
 
 Why a launcher of its own
 -------------------------
@@ -12,17 +14,18 @@ before SIGKILL), the server around the demo app, SIGTERM and SIGINT ignored unti
 server installs its own handlers — with public constructors only, and subscribes
 ``graceful._core.events.json_event_writer`` to the pipe whose write end the demo passed
 down (``--events-fd``).  The server is one of the adapters, through its public entry
-point: ``graceful.uvicorn.Server``, ``graceful.hypercorn.run`` (asyncio) or
+point: ``graceful.uvicorn.Server``, ``graceful.hypercorn.run`` (asyncio),
 ``graceful.aiohttp.run_app`` (which serves ``graceful._demo.aiohttp_app``, the
-same endpoints for aiohttp's handler interface).  All three share the coordinator, so
-the events are the same whatever the server.
+same endpoints for aiohttp's handler interface) or ``graceful.granian.run`` (granian's
+embedded server).  All of them share the coordinator, so the events are the same
+whatever the server.
 
 ``--stock`` serves the same app with the server's own shutdown for comparison —
 ``hypercorn.asyncio.serve`` without a trigger (hypercorn's signal handlers) or
 ``aiohttp.web.run_app`` — and reports nothing: the demo marks their SIGTERM itself.
-Stock uvicorn backends run as plain ``python -m uvicorn``.  Access logs are off
-everywhere, as with uvicorn's ``--log-level warning``: the demo measures shutdowns, not
-logging.
+Stock uvicorn and granian backends run as plain ``python -m uvicorn`` and ``python -m
+granian --interface asgi``.  Access logs are off everywhere, as with uvicorn's
+``--log-level warning``: the demo measures shutdowns, not logging.
 
 Why a pipe
 ----------
@@ -52,7 +55,7 @@ if TYPE_CHECKING:
 __all__ = ("SERVER_NAMES", "main")
 
 #: The servers the launcher can run.
-SERVER_NAMES = ("uvicorn", "hypercorn", "aiohttp")
+SERVER_NAMES = ("uvicorn", "hypercorn", "aiohttp", "granian")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +104,8 @@ def serve(args: argparse.Namespace) -> int:
         return _serve_hypercorn(args.port, coordinator)
     if args.server == "aiohttp":
         return _serve_aiohttp(args.port, coordinator)
+    if args.server == "granian":
+        return _serve_granian(args.port, coordinator)
     return _serve_uvicorn(args.port, coordinator)
 
 
@@ -142,6 +147,24 @@ def _serve_aiohttp(port: int, coordinator: ShutdownCoordinator) -> int:
     return 0
 
 
+def _serve_granian(port: int, coordinator: ShutdownCoordinator) -> int:
+    import importlib.util
+
+    from ..granian import NotStarted, run
+    from .app import app
+
+    # uvloop where installed, as stock granian's ``--loop auto`` picks.
+    uvloop = importlib.util.find_spec("uvloop") is not None
+    try:
+        run(
+            app, port=port, loop="uvloop" if uvloop else "asyncio", coordinator=coordinator,
+            granian_options={"log_level": "warning", "log_access": False},
+        )  # fmt: skip
+    except NotStarted:
+        return 3
+    return 0
+
+
 def _serve_stock(args: argparse.Namespace) -> int:
     if args.server == "hypercorn":
         import asyncio
@@ -159,7 +182,10 @@ def _serve_stock(args: argparse.Namespace) -> int:
 
         web.run_app(make_app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
         return 0
-    raise SystemExit("stock uvicorn: run `python -m uvicorn graceful._demo.app:app`")
+    raise SystemExit(
+        f"stock {args.server}: run `python -m uvicorn graceful._demo.app:app` or "
+        "`python -m granian --interface asgi graceful._demo.app:app`"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

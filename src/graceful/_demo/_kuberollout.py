@@ -46,6 +46,7 @@ __all__ = (
     "pod_manifest",
     "rollout",
     "service",
+    "stock_granian",
     "stock_uvicorn",
 )
 
@@ -154,6 +155,14 @@ def stock_uvicorn() -> list[str]:
     return [
         sys.executable, "-m", "uvicorn", "graceful._demo.app:app",
         "--host", "$(POD_IP)", "--port", "8000",
+    ]  # fmt: skip
+
+
+def stock_granian() -> list[str]:
+    """Stock ``granian`` (ASGI, one worker) serving the demo app on the pod's IP."""
+    return [
+        sys.executable, "-m", "granian", "--interface", "asgi",
+        "--host", "$(POD_IP)", "--port", "8000", "graceful._demo.app:app",
     ]  # fmt: skip
 
 

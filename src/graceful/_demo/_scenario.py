@@ -11,9 +11,9 @@ through the balancer while A and B serve; then, in one instant, C joins the bala
 A gets SIGTERM; the balancer forgets A only ``--propagation-delay`` later; A gets SIGKILL
 at ``--grace-period`` if it is still alive; a short tail of load shows the others were
 not disturbed.  Stock uvicorn and each graceful policy get the same timeline, one after
-the other, so their tables and plots compare like with like; so do stock hypercorn and
-aiohttp and their graceful adapters, serving the same endpoints, when asked for
-(``ALL_SERVERS``).
+the other, so their tables and plots compare like with like; so do stock hypercorn,
+aiohttp and granian and their graceful adapters, serving the same endpoints, when asked
+for (``ALL_SERVERS``).
 
 How the scenario learns what A did
 ----------------------------------
@@ -85,7 +85,7 @@ class ServerKind:
 
     name: str
     policy: str | None  # None: the stock server
-    server: str = "uvicorn"  # or "hypercorn", "aiohttp"
+    server: str = "uvicorn"  # or "hypercorn", "aiohttp", "granian", a WSGI worker
 
     @property
     def wsgi(self) -> bool:
@@ -123,6 +123,12 @@ class ServerKind:
                 sys.executable, "-m", "uvicorn", IMPORT_STRING,
                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
             ]  # fmt: skip
+        if self.policy is None and self.server == "granian":
+            return [
+                sys.executable, "-m", "granian", "--interface", "asgi",
+                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+                IMPORT_STRING,
+            ]  # fmt: skip
         launcher = [
             sys.executable, "-m", "graceful._demo._backend",
             "--server", self.server, "--port", str(port),
@@ -150,6 +156,7 @@ ALL_SERVERS: dict[str, ServerKind] = {
         *_kinds("uvicorn", "graceful"),
         *_kinds("hypercorn", "graceful-hypercorn"),
         *_kinds("aiohttp", "graceful-aiohttp"),
+        *_kinds("granian", "graceful-granian"),
         *_kinds("gunicorn-sync", "graceful-sync"),
         *_kinds("gunicorn-gthread", "graceful-gthread"),
     )

@@ -30,9 +30,13 @@ So the shape (``graceful._core.shape``) is filled in with what Python can do:
   granian as the application's error) and waits for granian's lifespan shutdown, each
   bounded by the share of stopping's budget the shape gives it.
 
-The requests in flight are the application calls our wrapper (``_Tracked``) has seen
-start and not end: granian runs each in an asyncio task of its own (its default
-``task_impl``), which is what the cut cancels.
+While nothing shuts down, HTTP requests skip the middleware (the hot path,
+``graceful.granian._hot``): the hot path finds the ones in flight among the loop's tasks
+and adopts them at the shutdown request.  Every other application call goes through our
+wrapper (``_Tracked``) to the middleware; the wrapper notes the lifespan's progress and
+the task of each call it has seen start and not end.  granian runs each application
+call in an asyncio task of its own (its default ``task_impl``), which is what the cut
+cancels.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
 from .._core.shape import ServerShape
 from .._core.signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred
+from ..asgi import GracefulMiddleware
+from ._hot import HotPath
 
 logger = logging.getLogger("graceful")
 
@@ -104,8 +110,9 @@ class _Embedded(Server):
 
 
 class _Tracked:
-    """The application granian calls: notes the lifespan's progress and the task of
-    every request and websocket running, for the cut."""
+    """The application granian calls for what the hot path does not take: notes the
+    lifespan's progress and the task of every request and websocket running, for the
+    cut."""
 
     __slots__ = ("_app", "ended", "running", "started", "startup_failed")
 
@@ -173,11 +180,23 @@ class GranianShape(ServerShape):
         super().__init__(coordinator, idle_grace_s=idle_grace_s)
         self._c = coordinator
         self._app = _Tracked(app)
+        #: The hot path (``graceful.granian._hot``), for an app behind the middleware.
+        self.hot: HotPath | None = None
+        target: ASGIApp = self._app
+        if isinstance(app, GracefulMiddleware):
+            self.hot = HotPath(app, self._app, _Tracked.__call__.__code__)
+            try:
+                coordinator.add_request_source(self.hot.requests)
+            except RuntimeError:  # another server counts for this coordinator
+                self.hot.on = False
+            if coordinator.shutdown_requested:
+                self.hot.on = False
+            target = self.hot.app
         self._where = _where(sock)
         options = {**options, "interface": Interfaces.ASGI, "task_impl": TaskImpl.asyncio}
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # for granian's own log line
             options["address"], options["port"] = sock.getsockname()[:2]
-        self._granian = _Embedded(self._app, sock, **options)
+        self._granian = _Embedded(target, sock, **options)
         self._trigger = shutdown_trigger
         self._quick_signals = quick_signals
         self._task: asyncio.Task[None] | None = None
@@ -284,6 +303,11 @@ class GranianShape(ServerShape):
 
     # ------------------------------------------------ the shape, for granian
 
+    def shutdown_requested(self) -> None:
+        """The requests the hot path runs are the coordinator's from now on."""
+        if self.hot is not None:
+            self.hot.adopt(self._c)
+
     def close_listeners(self) -> None:
         """Draining: granian's ``stop()`` after ``idle_grace_s`` (it closes the idle
         connections too); granian's connections count as one until it is done."""
@@ -301,15 +325,20 @@ class GranianShape(ServerShape):
 
     async def cut(self, timeout_s: float) -> None:
         """Cancel the requests and websockets still running: the middleware answers 503
-        where no response started."""
+        where no response started, and so does the hot path for the requests it
+        started."""
+        adopted = [] if self.hot is None else self.hot.still_running()
         running = [task for task in self._app.running if not task.done()]
-        if not running:
+        if not running and not adopted:
             return
-        logger.warning("cutting %d request(s) still running", len(running))
+        logger.warning("cutting %d request(s) still running", len(running) + len(adopted))
+        if adopted:
+            assert self.hot is not None
+            await self.hot.cut(adopted, timeout_s / 2)
         for task in running:
             task.cancel()
-        with anyio.move_on_after(timeout_s):
-            await asyncio.wait(running)
+        with anyio.move_on_after(timeout_s / 2 if adopted else timeout_s):
+            await asyncio.wait([*running, *(request.task for request in adopted)])
 
     async def lifespan_shutdown(self) -> None:
         """granian runs the lifespan shutdown once its connections are closed, then its
