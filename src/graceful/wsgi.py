@@ -21,7 +21,8 @@ its own, with its own event loop, and hands it what the server's threads report;
 * the readiness endpoint (``/readyz``): 200, then 503 from the shutdown request on (a
   load balancer stops sending new connections while the worker still accepts them);
 * the liveness endpoint (``/livez``): 200 until the coordinator stopped;
-* the preStop endpoint, if set: starts the shutdown and answers once draining began;
+* the preStop endpoint, if set: starts the shutdown and answers once the drain is done
+  (no request of the app left), as ``graceful.asgi``'s;
 * the metrics endpoint, if set: ``graceful.metrics`` (the ``metrics`` extra).
 
 It counts every other request as in flight until the server closes its response
@@ -258,16 +259,16 @@ class GracefulMiddleware:
         coordinator: The ``CoordinatorThread`` the server runs (started or not yet).
         readiness_path: Readiness endpoint, or ``None``.
         liveness_path: Liveness endpoint, or ``None``.
-        prestop_path: preStop endpoint (starts the shutdown, answers once draining
-            began), or ``None``.
+        prestop_path: preStop endpoint (starts the shutdown, answers once the drain is
+            done: draining began and no request of the app is left), or ``None``.
         metrics_path: Prometheus metrics endpoint (``graceful.metrics``; the ``metrics``
             extra), or ``None``.
         readiness_on_shutdown: ``"fail"`` (default): 503 from the shutdown request on;
             ``"while-accepting"``: 200 until draining begins.
-        prestop_waits: Whether a preStop request waits for draining to begin (the
-            kubelet sends SIGTERM once it is answered).  A single-threaded server
-            cannot serve while one request waits: ``graceful.gunicorn.SyncWorker``
-            passes ``False``, and preStop then only starts the shutdown.
+        prestop_waits: Whether a preStop request waits for the drain (the kubelet
+            sends SIGTERM once it is answered).  A single-threaded server cannot serve
+            while one request waits: ``graceful.gunicorn.SyncWorker`` passes ``False``,
+            and preStop then only starts the shutdown.
         prestop_timeout_s: The longest a preStop request waits.
     """
 
@@ -308,6 +309,13 @@ class GracefulMiddleware:
             endpoints[metrics_path] = self._metrics
         endpoints.pop(None, None)
         self._endpoints: Final = endpoints
+        # The app's requests in flight, counted only for a preStop request that waits
+        # for them (``_prestop``); it is woken at each phase change too.
+        self._counting: Final = prestop_waits and self._endpoints.get(prestop_path) is not None
+        self._running = 0
+        self._idle = threading.Condition()
+        if self._counting:
+            self.coordinator.subscribe(self._phase_changed)
 
     @property
     def probe_paths(self) -> frozenset[str]:
@@ -331,6 +339,11 @@ class GracefulMiddleware:
         environ[ENVIRON_KEY] = self._signal
         started = _Started()
         self.thread.call(started.start, c)
+        finish = functools.partial(self.thread.call, started.finish, c)
+        if self._counting:
+            finish = functools.partial(self._finished, finish)
+            with self._idle:
+                self._running += 1
 
         def nudging(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
             if c.nudging and not any(name.lower() == "connection" for name, _ in headers):
@@ -340,15 +353,29 @@ class GracefulMiddleware:
         try:
             result = self.app(environ, nudging)
         except BaseException:
-            self.thread.call(started.finish, c)
+            finish()
             raise
-        return _Tracked(result, functools.partial(self.thread.call, started.finish, c))
+        return _Tracked(result, finish)
+
+    def _finished(self, report: Callable[[], None]) -> None:
+        """A request counted for preStop ended: ``report`` it, and wake a preStop
+        request once none is left."""
+        report()
+        with self._idle:
+            self._running -= 1
+            if not self._running:
+                self._idle.notify_all()
+
+    def _phase_changed(self, phase: Phase) -> None:
+        with self._idle:
+            self._idle.notify_all()
 
     def _readiness(self, environ: Environ) -> tuple[str, str, bytes]:
         c = self.coordinator
+        shutting_down = c.shutdown_requested
         status, text = _health.readiness(c, self.readiness_on_shutdown, count=False)
         peer, agent = environ.get("REMOTE_ADDR"), environ.get("HTTP_USER_AGENT")
-        self.thread.call(c.health_checkers.answered, peer, agent, status)
+        self.thread.call(c.health_checkers.answered, peer, agent, status, shutting_down)
         return _text(status, text)
 
     def _liveness(self, environ: Environ) -> tuple[str, str, bytes]:
@@ -358,9 +385,18 @@ class GracefulMiddleware:
         self.thread.request_shutdown("preStop", escalate=False)
         if not self.prestop_waits:
             return "200 OK", _TEXT[1], b"shutdown requested\n"
+        c = self.coordinator
+        until = time.monotonic() + self.prestop_timeout_s
         if self.thread.wait_for_phase(Phase.DRAINING, self.prestop_timeout_s):
-            return "200 OK", _TEXT[1], f"{self.coordinator.phase}\n".encode()
-        waited = f"still {self.coordinator.phase} after {self.prestop_timeout_s:g} s\n"
+            with self._idle:  # drained, or stopping cut what was left
+                if self._idle.wait_for(
+                    lambda: not self._running or c.phase >= Phase.STOPPING,
+                    max(0.0, until - time.monotonic()),
+                ):
+                    # The format of graceful.asgi's answer (WSGI has no sessions).
+                    left = f"{c.phase}: {self._running} requests, 0 sessions left\n"
+                    return "200 OK", _TEXT[1], left.encode()
+        waited = f"still {c.phase} after {self.prestop_timeout_s:g} s\n"
         return "504 Gateway Timeout", _TEXT[1], waited.encode()
 
     def _metrics(self, environ: Environ) -> tuple[str, str, bytes]:

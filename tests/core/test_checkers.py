@@ -223,3 +223,16 @@ def test_a_hold_is_waited_for_until_released_and_counts_from_then() -> None:
     checkers.release_held()
     assert checkers.let_go(3, clock.now) == (clock.now, None)
     assert checkers.let_go(3, clock.now + 1.0) == (clock.now, None)  # the first look
+
+
+def test_a_ready_answer_decided_before_the_request_but_reported_after_is_a_probe() -> None:
+    """WSGI decides in its thread and reports in the coordinator's: a 200 decided before
+    SIGTERM must not count as the checker kept ready after it."""
+    clock = Clock()
+    checkers = clock.checkers()
+    probe_every(clock, checkers, HAPROXY, 3)
+    clock.requested = clock.now
+    checkers.answered(*HAPROXY, 200, False)  # decided before, reported after
+    assert checkers.let_go(3, clock.now)[1] is not None  # still waited for
+    checkers.answered(*HAPROXY, 200, True)  # decided after: kept ready
+    assert checkers.let_go(3, clock.now) == (None, None)

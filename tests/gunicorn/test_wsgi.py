@@ -276,15 +276,17 @@ def test_stream_ends_cleanly_when_draining_begins(started: list[ServerProcess]) 
 
 def test_prestop_starts_the_policy(started: list[ServerProcess], worker: list[str]) -> None:
     """GRACEFUL_PRESTOP_PATH: the kubelet's preStop request starts the shutdown (the
-    gthread worker answers once draining began; the sync worker at once), and the
-    worker exits 0 without any signal."""
+    gthread worker answers once the drain is done, as the ASGI workers; the sync worker
+    at once), and the worker exits 0 without any signal."""
     server = start(
         started, worker=worker, env={"GRACEFUL_PRESTOP_PATH": "/prestop", "GRACEFUL_IDLE": "0.3"}
     )
     status, _, body = get(server.port, "/prestop")
     assert status == 200
     waits = "graceful.gunicorn.ThreadWorker" in worker  # the sync worker's one thread cannot
-    assert body == (b"draining\n" if waits else b"shutdown requested\n")
+    assert body == (
+        b"draining: 0 requests, 0 sessions left\n" if waits else b"shutdown requested\n"
+    )
     server.wait_for_line(r"serving -> accepting: preStop")
     server.wait_for_line(r"stopping -> stopped")
     server.signal(signal.SIGTERM)  # the kubelet's SIGTERM after the hook

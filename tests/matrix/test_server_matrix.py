@@ -221,32 +221,6 @@ WSGI_CANNOT = {
         "test_websocket_handler_that_never_ends_is_cut_before_the_kill_deadline",
     )
 }
-#: What graceful's gunicorn ``ThreadWorker`` does otherwise (HTTP/1.1 alone as well).
-_NOT_NUDGED = (
-    "ThreadWorker nudges a request as it starts (force_close): one in flight at SIGTERM "
-    "is answered keep-alive, its connection closed at draining"
-)
-_QUICK_EXIT = (
-    "ThreadWorker's SIGINT/SIGQUIT end the process at once (os._exit): the request in "
-    "flight gets no 503"
-)
-THREAD_WORKER_DIFFERS = {
-    "test_request_in_flight_at_sigterm_completes[accept-until-idle]": _NOT_NUDGED,
-    "test_request_in_flight_at_sigterm_completes[refuse-immediately]": _NOT_NUDGED,
-    "test_second_signal_escalates[SIGINT]": _QUICK_EXIT,
-    "test_sigquit_stops_at_once": _QUICK_EXIT,
-    "test_prestop_endpoint_blocks_until_drained": (
-        "graceful's WSGI preStop endpoint answers once draining begins, not once drained"
-    ),
-    "test_request_longer_than_the_drain_deadline_is_cut_cleanly_with_503": (
-        "a drain deadline before the grace period: the coordinator's hard exit after "
-        "STOPPED comes before the worker's cut, the request is reset, not answered 503"
-    ),
-    "test_accept_until_idle_exits_soon_after_the_last_new_connection": (
-        "the test's kept-alive connections hold gunicorn's loop, and with it the drain, "
-        "past idle + 3 s"
-    ),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,9 +237,7 @@ class GunicornHttp2(Row):
     websocket_opened: str = "websocket accepted"
     websocket_closed: str = "websocket disconnected"
     unanswered_websocket_ends: str = "draining -> stopping"
-    known_failures: Mapping[str, str] = field(
-        default_factory=lambda: {**WSGI_CANNOT, **THREAD_WORKER_DIFFERS}
-    )
+    known_failures: Mapping[str, str] = field(default_factory=lambda: dict(WSGI_CANNOT))
 
     def command(self, options: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         pytest.importorskip("gunicorn")

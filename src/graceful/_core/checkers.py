@@ -152,11 +152,21 @@ class HealthCheckers:
                 checker.released = True
         self._changed()
 
-    def answered(self, peer: str | None, user_agent: str | None, status: int) -> None:
+    def answered(
+        self,
+        peer: str | None,
+        user_agent: str | None,
+        status: int,
+        shutting_down: bool | None = None,
+    ) -> None:
         """A readiness probe from ``peer`` (its address) with ``user_agent`` was answered
-        ``status``."""
+        ``status``; ``shutting_down``: whether shutdown was requested when the answer was
+        decided, where that was in another thread (WSGI: a 200 decided before the request
+        but reported after it is a probe before it, not a checker kept ready)."""
         now = self._now()
         requested = self._requested_at() is not None
+        if shutting_down is not None:
+            requested = shutting_down
         key = (peer or "", user_agent or "")
         checker = self._checkers.get(key)
         if checker is None:

@@ -25,7 +25,8 @@ from typing import Any
 
 from gunicorn.workers.sync import SyncWorker as _StockSyncWorker
 
-from ._wsgi import _GracefulWSGIWorker, _refuse
+from ._answers import refuse
+from ._wsgi import _GracefulWSGIWorker
 
 _AGAIN = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ECONNABORTED)
 
@@ -151,7 +152,7 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
                 client.setblocking(True)
                 self.handle(listener, client, address)
             else:
-                _refuse(client)
+                refuse(client)
         self._held.clear()
         for listener in self.sockets:
             listener.close()

@@ -2,26 +2,55 @@
 shutdown policy (the common part: ``graceful.gunicorn._wsgi``).
 
 gunicorn's loop, thread pool and keep-alive handling are kept; the stop is gunicorn's
-own (``alive = False``), with two additions.  On gunicorn 24+ ``set_accept_enabled``
-first accepts what already waits in the backlog and then closes this worker's copy of
-the listeners at once: gunicorn keeps them open until the last request ends, and a
-connection queued meanwhile was reset at that close after its client had sent its
-request.  And a connection handed to the pool but still waiting for a thread is
-remembered (``enqueue_req``/``handle``), so that the exit answers it 503 rather than
-closing it unanswered.
+own (``alive = False``), with these additions:
+
+* on gunicorn 24+ ``set_accept_enabled`` first accepts what already waits in the
+  backlog and then closes this worker's copy of the listeners at once: gunicorn keeps
+  them open until the last request ends, and a connection queued meanwhile was reset at
+  that close after its client had sent its request;
+* a connection handed to the pool but still waiting for a thread is remembered
+  (``enqueue_req``/``handle``), so that the exit answers it 503 rather than closing it
+  unanswered;
+* idle kept-alive connections get ``IDLE_GRACE_S`` from the start of draining to send
+  one more request, as on graceful's other servers (gunicorn 27.0.1 keeps them 2 s, and
+  the drain waits for its loop; gunicorn 26 and 27.0.0 look at them at the next event);
+* a connection gunicorn 26+ closes after its response lingers for the client's FIN
+  (RFC 9112 §9.6) on gunicorn's poller, not in ``close_graceful`` on the loop's thread:
+  there every ``Connection: close`` answered to a client that does not close at once
+  held the loop for up to 2 s — no accept, no keep-alive served — and while nudging
+  every response closes its connection.
 """
 
 from __future__ import annotations
 
-import logging
-import os
+import contextlib
+import functools
+import inspect
+import selectors
+import socket
+import time
 from typing import Any
 
+from gunicorn.workers.gthread import TConn
 from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 
 from .._core.policy import Phase
+from ._answers import refuse
 from ._http2 import Http2GoAway
-from ._wsgi import _GracefulWSGIWorker, _refuse
+from ._wsgi import _GracefulWSGIWorker
+
+#: At draining, how long an idle kept-alive connection may still send a request (it is
+#: answered with ``Connection: close``), as ``idle_grace_s`` on graceful's other servers.
+IDLE_GRACE_S = 1.0
+#: How long a connection closed after its response waits for its client's FIN, and how
+#: much it reads meanwhile: gunicorn's ``close_graceful``.
+LINGER_S = 2.0
+_LINGER_BYTES = 65536
+#: gunicorn 26+ closes a connection after its response with ``close_graceful`` (on the
+#: loop's thread), and calls ``murder_pending`` at each turn of its loop.
+_LINGERS = "graceful" in inspect.signature(TConn.close).parameters and hasattr(
+    _StockThreadWorker, "murder_pending"
+)
 
 
 class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # type: ignore[misc]
@@ -37,6 +66,9 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
     begins (``graceful.gunicorn._http2``).
     """
 
+    _waiting: dict[int, Any]  # connections waiting for a thread (run sets it)
+    _lingering: dict[Any, list[float]]  # closed after a response: socket -> [deadline, read]
+
     def _on_phase(self, phase: Phase) -> None:
         super()._on_phase(phase)
         self.wake_http2()  # each HTTP/2 connection's thread looks at its GOAWAY
@@ -51,36 +83,93 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         super().enqueue_req(conn)
 
     def handle(self, conn: Any) -> Any:
-        self._waiting.pop(id(conn), None)
+        if self._waiting.pop(id(conn), None) is None:
+            return False  # the exit answered it already (_cut_waiting)
         return super().handle(conn)
 
     def _cut_waiting(self) -> int:
-        waiting = list(getattr(self, "_waiting", {}).values())
-        for conn in waiting:
-            _refuse(conn.sock, timeout_s=0.0)
+        waiting, self._waiting = getattr(self, "_waiting", {}), {}
+        for conn in waiting.values():
+            refuse(conn.sock, timeout_s=0.0)
         return len(waiting)
 
     def run(self) -> None:
-        self._waiting: dict[int, Any] = {}  # connections waiting for a thread
+        self._waiting = {}
+        self._lingering = {}
         self._start_if_signalled()
         try:
             super().run()
         finally:
+            for sock in list(self._lingering):
+                self._end_linger(sock, poller=False)
             self._loop_ended()
-
-    def handle_quit(self, sig: int, frame: Any) -> None:
-        """SIGINT, SIGQUIT: stop at once.  gunicorn's ``sys.exit`` here would wait for
-        the pool's threads, so a request that runs on would hold the worker."""
-        self.cfg.worker_int(self)
-        logging.shutdown()
-        os._exit(0)
 
     def _stop_accepting(self) -> None:
         self.alive = False  # gunicorn's loop stops accepting and drains
         self.wake_http2()
         wake = getattr(getattr(self, "method_queue", None), "defer", None)
-        if wake is not None:  # gunicorn 24+: wake the loop now, not within 1 s
-            wake(lambda: None)
+        if wake is not None:  # gunicorn 24+: in the loop's thread, now, not within 1 s
+            wake(self._cap_idle, time.monotonic() + IDLE_GRACE_S)
+
+    def _cap_idle(self, until: float) -> None:
+        """In gunicorn's loop: idle kept-alive connections close by ``until``."""
+        for conn in getattr(self, "keepalived_conns", ()):
+            conn.timeout = min(conn.timeout, until)
+
+    # ------------------------------------------------- closing after a response
+
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        """gunicorn's, but a connection it closes lingers on its poller (module docs)."""
+        if not _LINGERS or fs.cancelled() or fs.exception() is not None or fs.result() is not False:
+            super().finish_request(conn, fs)
+            return
+        self.nr_conns -= 1
+        sock = conn.sock
+        self._lingering[sock] = [time.monotonic() + LINGER_S, 0]
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            sock.setblocking(False)
+            self.poller.register(
+                sock, selectors.EVENT_READ, functools.partial(self._read_linger, sock)
+            )
+        except (OSError, ValueError, KeyError):  # the client left, or the socket is closed
+            self._end_linger(sock)
+
+    def _read_linger(self, sock: Any, _fileobj: Any = None) -> None:
+        """The lingering socket is readable: the client's FIN, or more to read."""
+        state = self._lingering.get(sock)
+        if state is None:
+            return
+        try:
+            data = sock.recv(_LINGER_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        state[1] += len(data)
+        if not data or state[1] >= _LINGER_BYTES:
+            self._end_linger(sock)
+
+    def _end_linger(self, sock: Any, *, poller: bool = True) -> None:
+        self._lingering.pop(sock, None)
+        if poller:
+            with contextlib.suppress(OSError, KeyError, ValueError):
+                self.poller.unregister(sock)
+        else:  # gunicorn's loop is over: what the client sent, so that the close sends no reset
+            with contextlib.suppress(OSError):
+                while sock.recv(_LINGER_BYTES):
+                    pass
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def murder_pending(self) -> None:
+        """gunicorn's, and the lingering connections whose time is up."""
+        super().murder_pending()
+        now = time.monotonic()
+        for sock, (deadline, _) in list(self._lingering.items()):
+            if deadline > now:
+                break  # in the order they began: the same LINGER_S each
+            self._end_linger(sock)
 
     def set_accept_enabled(self, enabled: bool) -> None:
         """gunicorn 24+: before the listeners leave the loop at the stop, accept what

@@ -32,28 +32,35 @@ of its own by ``graceful.wsgi.CoordinatorThread``:
   alarm signal with its default action, armed at SIGTERM, ends it a moment later (an
   app that holds it when SIGTERM arrives delays even that: gunicorn's SIGKILL ends it);
 * a repeated SIGTERM is the master's relay of a process-group signal, however late it
-  comes, never an escalation; SIGINT and SIGQUIT (gunicorn's quick shutdown) stop at
-  once.
+  comes, never an escalation; SIGINT and SIGQUIT (gunicorn's quick shutdown) go straight
+  to stopping, as under the ASGI workers.
 
 The drain waits for the worker's own loop: from the start of draining the worker holds
-one request open in the coordinator (``request_started``; the log's counts include it)
-until it has served its backlog and gunicorn's loop has returned, so the coordinator
-never declares the drain done while accepted connections are still on their way.
+one connection open in the coordinator (``connection_opened``; the log's counts include
+it: gunicorn's loop still holds connections) until it has served its backlog and
+gunicorn's loop has returned, so the coordinator never declares the drain done while
+accepted connections are still on their way.
+
+A thread cannot be cancelled.  When stopping begins before the kill deadline's share
+(the drain deadline, SIGINT or SIGQUIT) and a request still runs, the worker answers
+503 on each request whose response has not started and ends the process once the
+coordinator stopped (status 0: the shutdown is complete, what ran was cut), as an ASGI
+worker cancels its tasks.  At the kill deadline the heartbeat's exit does the same, as
+late as it can, and says so as an error.
 
 This module is their common base, ``_GracefulWSGIWorker``: everything above but how
 accepting stops, which each worker class says (``_stop_accepting``), and the answer
-both give a connection they cannot serve (``_refuse``).
+both give a connection they cannot serve (``_answers.refuse``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
 import signal
-import socket
-import struct
 import sys
 import threading
 import time
@@ -63,49 +70,25 @@ from gunicorn.arbiter import Arbiter
 
 from .. import _options as _config
 from .._core import deadlines as _deadlines
-from .._core import health as _health
 from .._core import logging as _logging
 from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
 from ..wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
-from . import _http2
+from ._answers import CUT_RESPONSE, accept_queue, force_close
 from ._master import check_in_master, master_listens, metrics_for_master, worker_values
 
 logger = logging.getLogger("graceful")
 
-#: What a request the exit cuts before its response started is answered (not a bare
-#: EOF: a 503 tells the client the request was not served, and it may retry).
-_CUT_RESPONSE = (
-    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 0\r\n"
-    b"Content-Type: text/plain; charset=utf-8\r\n"
-    + f"Content-Length: {len(_health.CUT_BODY)}\r\n\r\n".encode()
-    + _health.CUT_BODY
-)
-#: The first byte of a TLS handshake record (a ClientHello), RFC 8446 §5.1.
-_TLS_HANDSHAKE = b"\x16"
+#: gunicorn's quick shutdown: SIGINT and SIGQUIT go straight to stopping.
+QUICK_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+#: At the stop, how long the heartbeat waits for the coordinator's thread to log its last
+#: line before it ends the process (the coordinator's own hard exit is a second later).
+_JOIN_S = 0.25
 #: While accepting, the listeners' accept queues are looked at this often (see
 #: ``_backlog_waiting``).
 QUEUE_CHECK_S = 0.1
-#: ``struct tcp_info``'s ``tcpi_unacked``: on a listening socket, the connections in its
-#: accept queue (Linux, ``include/uapi/linux/tcp.h``; 8 single bytes, then 32-bit fields).
-_TCPI_UNACKED = struct.Struct("=24xI")
-
-
-def _accept_queue(sock: Any) -> int:
-    """How many connections wait in ``sock``'s accept queue (0 where unknown)."""
-    option = getattr(socket, "TCP_INFO", None)
-    if option is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
-        return 0
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCPI_UNACKED.size)
-    except OSError:
-        return 0
-    if len(info) < _TCPI_UNACKED.size:
-        return 0
-    queued: int = _TCPI_UNACKED.unpack_from(info)[0]
-    return queued
 
 
 class _GracefulWSGIWorker:
@@ -136,7 +119,9 @@ class _GracefulWSGIWorker:
         self._alarm_armed = False
         self._beating = False  # the heartbeat thread runs
         self._holding = False  # the drain waits for this worker's loop (module docs)
-        self._held_since: float | None = None  # what request_started returned for it
+        self._loop_done = False  # gunicorn's loop returned (_loop_ended)
+        self._nudged = False  # the requests in flight when nudging began were nudged
+        self._stopped_early = False  # stopping began before stop_by (module docs)
         self._in_flight: dict[int, tuple[Any, Any]] = {}  # requests the exit answers (_cut)
 
     @property
@@ -185,15 +170,15 @@ class _GracefulWSGIWorker:
 
         def closing(environ: dict[str, Any], start_response: Any) -> Any:
             response = getattr(start_response, "__self__", None)
-            if coordinator.nudging:
-                force_close = getattr(response, "force_close", None)
-                if force_close is not None:
-                    force_close()
             sock = environ.get("gunicorn.socket")
+            key = id(environ)
+            if sock is not None and response is not None:
+                # Before looking at nudging: one that begins meanwhile finds it here.
+                in_flight[key] = (sock, response)
+            if coordinator.nudging:
+                force_close(response)
             if sock is None or response is None:
                 return app(environ, start_response)
-            key = id(environ)
-            in_flight[key] = (sock, response)
             try:
                 result = app(environ, start_response)
             except BaseException:
@@ -225,13 +210,23 @@ class _GracefulWSGIWorker:
         with contextlib.suppress(OSError):
             sock.setblocking(True)
             sock.settimeout(0.05)
-            sock.sendall(_CUT_RESPONSE)
+            sock.sendall(CUT_RESPONSE)
             return True
         return False
 
     def _prestop_waits(self) -> bool:
-        """Whether a preStop request may wait for draining (not with one thread)."""
+        """Whether a preStop request may wait for the drain (not with one thread)."""
         return False
+
+    def _nudge_in_flight(self) -> None:
+        """Nudging began: every request in flight whose response has not started will
+        close its connection (``closing`` nudges those that start later).  A response
+        whose headers are being written right now may still say keep-alive; gunicorn
+        then closes the connection after it all the same."""
+        self._nudged = True
+        for _sock, response in list(self._in_flight.values()):
+            if not getattr(response, "headers_sent", True):
+                force_close(response)
 
     # ---------------------------------------------------------------- signals
 
@@ -256,6 +251,18 @@ class _GracefulWSGIWorker:
                 (now - self._signalled_at) * 1000,
             )
         self._arm_alarm()
+
+    def handle_quit(self, sig: int, frame: Any) -> None:
+        """SIGINT, SIGQUIT (gunicorn's quick shutdown): stopping at once, as under the
+        ASGI workers — what has not started its response is answered 503, and the
+        process ends once the coordinator stopped, without waiting for the threads in
+        the app.  Before the coordinator runs (the app is being imported): exit now."""
+        self.cfg.worker_int(self)
+        if self.graceful is None or not self.graceful.running:
+            logging.shutdown()
+            os._exit(0)
+        quick = functools.partial(self.coordinator.signal_received, quick=QUICK_SIGNALS)
+        self.graceful.call(quick, sig)
 
     def _start_if_signalled(self) -> None:
         """At the start of ``run``: a SIGTERM that came while the app was imported."""
@@ -305,13 +312,18 @@ class _GracefulWSGIWorker:
             heartbeat = threading.Thread(target=self._heartbeat, name="graceful-heartbeat")
             heartbeat.daemon = True
             heartbeat.start()
+        if self.coordinator.nudging and not self._nudged:
+            self._nudge_in_flight()
         if Phase.DRAINING <= phase < Phase.STOPPED and not self._holding:  # or escalated
             # The drain also waits for this worker's loop (backlog, gunicorn's stop).
             self._holding = True
-            self._held_since = self.coordinator.request_started()
+            self.coordinator.connection_opened()
             self._stop_accepting()
-        # At STOPPED the coordinator's hard exit ends the process within a second if
-        # gunicorn's own exit does not (a request cut by an escalation still running).
+        if phase is Phase.STOPPING:
+            deadlines = self.coordinator.deadlines
+            now = time.monotonic()  # the coordinator's clock is asyncio's: monotonic
+            self._stopped_early = deadlines is not None and now < deadlines.stop_by
+        # At STOPPED the heartbeat ends a process whose loop still runs (_exit_stopped).
 
     def _heartbeat(self) -> None:
         """While shutting down: tell the master we live (a long request would not), and
@@ -344,6 +356,8 @@ class _GracefulWSGIWorker:
                 # Stopped, but a request the cut could not reach (the worker's own
                 # thread, in the app) may still hold the process: keep the exit.
                 stopped = True
+                if self._stopped_early:
+                    self._exit_stopped()
             else:
                 self.notify()
         cut = self._cut()
@@ -356,6 +370,26 @@ class _GracefulWSGIWorker:
         logging.shutdown()
         os._exit(1)
 
+    def _exit_stopped(self) -> None:
+        """Stopping began early (the drain deadline, SIGINT, SIGQUIT) and the coordinator
+        stopped: if gunicorn's loop still runs, a request does, in a thread nothing can
+        cancel — answer what has not started its response and end the process, status
+        0, before the coordinator's own hard exit (which would answer nothing)."""
+        assert self.graceful is not None
+        self.graceful.join(_JOIN_S)  # its last line first
+        if self._loop_done:
+            return  # gunicorn's own exit follows
+        running = len(self._in_flight)
+        cut = self._cut()
+        logger.info(
+            "stopped with %d request%s still running in the app%s; ending the worker",
+            running,
+            "" if running == 1 else "s",
+            f", {cut} answered 503" if cut else "",
+        )
+        logging.shutdown()
+        os._exit(0)
+
     def _cut_waiting(self) -> int:
         """At the exit: refuse the connections accepted but not yet handed to the app
         (the worker class knows them); return how many."""
@@ -366,7 +400,7 @@ class _GracefulWSGIWorker:
         the worker has not taken yet (every thread in a request, a sync worker in one):
         the kernel's evidence restarts the idle window, where the absence of accepts
         would end it while the queue fills."""
-        if any(_accept_queue(listener) for listener in self.sockets):
+        if any(accept_queue(listener) for listener in self.sockets):
             assert self.graceful is not None
             self.graceful.call(self.coordinator.report_activity)
 
@@ -376,40 +410,9 @@ class _GracefulWSGIWorker:
     def _loop_ended(self) -> None:
         """The worker's loop is done (backlog served, gunicorn's stop over): the drain
         may end; then wait for the coordinator to stop, at most until the deadline."""
+        self._loop_done = True
         if not self._holding or self.graceful is None:
             return
-        self.graceful.call(self.coordinator.request_finished, self._held_since)
+        self.graceful.call(self.coordinator.connection_closed)
         # Bounded: the coordinator's hard exit ends the process before the deadline.
         self.graceful.join(float(self.cfg.graceful_timeout))
-
-
-def _refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
-    """Read what the client sent (bounded by ``timeout_s``), answer that its request was
-    not served and it may retry, close.  The answer is in the client's protocol: 503
-    with ``Connection: close`` on HTTP/1.1, GOAWAY naming no stream after an HTTP/2
-    preface; a TLS handshake nobody answered gets a plain close (bytes in clear would be
-    garbage to it)."""
-    received = b""
-    with contextlib.suppress(OSError):
-        client.settimeout(timeout_s)
-        while b"\r\n\r\n" not in received and len(received) < 65536:
-            chunk = client.recv(65536)
-            if not chunk:
-                break
-            received += chunk
-    if _http2.is_preface(received):
-        answer = _http2.refusal()
-    elif received[:1] == _TLS_HANDSHAKE:
-        answer = b""
-    else:
-        answer = _CUT_RESPONSE
-    with contextlib.suppress(OSError):
-        client.settimeout(max(timeout_s, 0.05))
-        client.sendall(answer)
-        client.shutdown(socket.SHUT_WR)
-    with contextlib.suppress(OSError):
-        client.setblocking(False)
-        while client.recv(65536):  # what is left, so that the close sends no reset
-            pass
-    with contextlib.suppress(OSError):
-        client.close()

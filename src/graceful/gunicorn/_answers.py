@@ -1,0 +1,87 @@
+"""What graceful's WSGI workers (``graceful.gunicorn._wsgi``) say on a connection, and
+read of a listener, at the level of bytes and socket options: the 503 of a request cut
+before its response started, the refusal of a connection that cannot be served (in its
+client's protocol), gunicorn's way to close a connection after a response, and the
+kernel's count of connections waiting in a listener's accept queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+from typing import Any
+
+from .._core import health as _health
+from . import _http2
+
+__all__ = ("CUT_RESPONSE", "accept_queue", "force_close", "refuse")
+
+#: What a request the exit cuts before its response started is answered (not a bare
+#: EOF: a 503 tells the client the request was not served, and it may retry).
+CUT_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 0\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    + f"Content-Length: {len(_health.CUT_BODY)}\r\n\r\n".encode()
+    + _health.CUT_BODY
+)
+#: The first byte of a TLS handshake record (a ClientHello), RFC 8446 §5.1.
+_TLS_HANDSHAKE = b"\x16"
+#: ``struct tcp_info``'s ``tcpi_unacked``: on a listening socket, the connections in its
+#: accept queue (Linux, ``include/uapi/linux/tcp.h``; 8 single bytes, then 32-bit fields).
+_TCPI_UNACKED = struct.Struct("=24xI")
+
+
+def accept_queue(sock: Any) -> int:
+    """How many connections wait in ``sock``'s accept queue (0 where unknown)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None or getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6):
+        return 0
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCPI_UNACKED.size)
+    except OSError:
+        return 0
+    if len(info) < _TCPI_UNACKED.size:
+        return 0
+    queued: int = _TCPI_UNACKED.unpack_from(info)[0]
+    return queued
+
+
+def force_close(response: Any) -> None:
+    """gunicorn's way to ask that a response close its connection (the ``Connection``
+    header an app sets is dropped: hop-by-hop)."""
+    force_close = getattr(response, "force_close", None)
+    if force_close is not None:
+        force_close()
+
+
+def refuse(client: socket.socket, timeout_s: float = 0.2) -> None:
+    """Read what the client sent (bounded by ``timeout_s``), answer that its request was
+    not served and it may retry, close.  The answer is in the client's protocol: 503
+    with ``Connection: close`` on HTTP/1.1, GOAWAY naming no stream after an HTTP/2
+    preface; a TLS handshake nobody answered gets a plain close (bytes in clear would be
+    garbage to it)."""
+    received = b""
+    with contextlib.suppress(OSError):
+        client.settimeout(timeout_s)
+        while b"\r\n\r\n" not in received and len(received) < 65536:
+            chunk = client.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    if _http2.is_preface(received):
+        answer = _http2.refusal()
+    elif received[:1] == _TLS_HANDSHAKE:
+        answer = b""
+    else:
+        answer = CUT_RESPONSE
+    with contextlib.suppress(OSError):
+        client.settimeout(max(timeout_s, 0.05))
+        client.sendall(answer)
+        client.shutdown(socket.SHUT_WR)
+    with contextlib.suppress(OSError):
+        client.setblocking(False)
+        while client.recv(65536):  # what is left, so that the close sends no reset
+            pass
+    with contextlib.suppress(OSError):
+        client.close()
