@@ -16,6 +16,7 @@ event (a backend marked up or down, a log line, an exit)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import threading
@@ -91,11 +92,15 @@ class CheckedBalancer:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.balancer.start(), self.loop).result(10)
-        self._checks: list[asyncio.Future[None]] = []
+        self._checks: list[asyncio.Task[None]] = []
 
     def check(self, backend: Backend) -> None:
         """Start checking ``backend``; it joins the rotation after ``RISE`` good checks."""
-        self._checks.append(asyncio.run_coroutine_threadsafe(self._check(backend), self.loop))
+
+        async def start() -> None:
+            self._checks.append(asyncio.create_task(self._check(backend)))
+
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
 
     def routes_to(self, name: str) -> bool:
         return any(b.name == name for b in self.balancer.backends)
@@ -116,9 +121,14 @@ class CheckedBalancer:
             await asyncio.sleep(max(0.0, started + INTER_S - self.loop.time()))
 
     def close(self) -> None:
-        for check in self._checks:
-            self.loop.call_soon_threadsafe(check.cancel)
-        asyncio.run_coroutine_threadsafe(self.balancer.stop(), self.loop).result(10)
+        async def stop() -> None:
+            for check in self._checks:
+                check.cancel()
+            await asyncio.gather(*self._checks, return_exceptions=True)
+            await self.balancer.stop()
+            await asyncio.sleep(0)  # closed transports let go of their sockets
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
@@ -139,6 +149,8 @@ async def _probe(port: int) -> bool:
     finally:
         if writer is not None:
             writer.close()
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                await writer.wait_closed()
 
 
 class Traffic:

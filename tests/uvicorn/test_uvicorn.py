@@ -53,7 +53,7 @@ def test_rolling_restart(server: str, fails: bool) -> None:
     )  # fmt: skip
     outcome = asyncio.run(demo.run_scenario(args.kinds[0], args))
     tally = outcome.tally
-    assert tally.requests > 200
+    assert tally.requests > 100  # load throughout (190 seen on a machine running 3 suites)
     assert outcome.terminating is not None
     assert outcome.terminating.ended != "killed"
     if fails:
