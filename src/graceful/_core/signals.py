@@ -58,6 +58,7 @@ __all__ = (
     "catch_signals",
     "current_schedule",
     "defer_signals",
+    "held_while_starting",
     "in_terminal_foreground",
     "judge_terminal_by",
     "leave_signals_to_main_thread",
@@ -188,6 +189,28 @@ def take_deferred(signums: Iterable[int]) -> list[int]:
         (taken if signum in signums else kept).append(signum)
     _deferred.extendleft(reversed(kept))
     return taken
+
+
+@contextlib.contextmanager
+def held_while_starting(signums: Iterable[int], *, wanted: bool = True) -> Iterator[bool]:
+    """Keep ``signums`` for later while a server starts (lifespan, binding): the block
+    catches them itself once it serves (``catch_signals``, which delivers the deferred
+    ones); whatever is still deferred when the block ends is raised again, and the
+    handlers found are restored.  Only in the main thread and when ``wanted``; yields
+    whether the signals are the block's to handle."""
+    signums = tuple(signums)
+    if not wanted or threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    previous = {sig: signal.getsignal(sig) for sig in signums}
+    defer_signals(signums)
+    try:
+        yield True
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for signum in take_deferred(signums):
+            signal.raise_signal(signum)
 
 
 def current_schedule() -> Schedule:

@@ -46,8 +46,7 @@ import contextlib
 import logging
 import signal
 import socket
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import anyio
@@ -59,7 +58,7 @@ from granian.server.embed import Server
 from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
 from .._core.shape import ServerShape
-from .._core.signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred
+from .._core.signals import QUICK_SIGNALS, catch_signals, held_while_starting
 from ..asgi import GracefulMiddleware
 from ._hot import HotPath
 
@@ -210,7 +209,7 @@ class GranianShape(ServerShape):
 
     async def serve(self) -> None:
         """Start granian, follow the coordinator until ``STOPPED``."""
-        with self._capture_signals() as handle_signals:
+        with held_while_starting(HANDLED_SIGNALS, wanted=self._trigger is None) as handle_signals:
             await self._start()
             logger.info("granian running on %s (CTRL + C to quit)", self._where)
             self.attach()
@@ -258,23 +257,6 @@ class GranianShape(ServerShape):
         if not self._stopped:
             logger.error("granian stopped on its own; shutting down")
             self._c.request_shutdown("granian stopped", immediate=True)
-
-    @contextlib.contextmanager
-    def _capture_signals(self) -> Iterator[bool]:
-        """Keep SIGINT/SIGTERM/SIGQUIT for later while starting; ``serve`` delivers them
-        once granian serves.  Restores the handlers found."""
-        if self._trigger is not None or threading.current_thread() is not threading.main_thread():
-            yield False
-            return
-        previous = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
-        defer_signals(HANDLED_SIGNALS)
-        try:
-            yield True
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-            for signum in take_deferred(HANDLED_SIGNALS):
-                signal.raise_signal(signum)
 
     def _on_signal(self, signum: int) -> None:
         self._c.signal_received(signum, quick=self._quick_signals)

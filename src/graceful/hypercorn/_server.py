@@ -19,8 +19,7 @@ import contextlib
 import logging
 import signal
 import socket
-import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from random import randint
 from typing import Any, Final
 
@@ -37,7 +36,7 @@ from hyperframe.frame import GoAwayFrame
 from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
 from .._core.shape import ServerShape
-from .._core.signals import QUICK_SIGNALS, catch_signals, defer_signals, take_deferred
+from .._core.signals import QUICK_SIGNALS, catch_signals, held_while_starting
 from ..asgi import GracefulMiddleware
 from ._connection import _Connection, _TCPServer
 from ._hot import HotPath
@@ -114,7 +113,7 @@ class _Worker(ServerShape):
     # ------------------------------------------------------------------- serve
 
     async def serve(self) -> None:
-        with self._capture_signals() as handle_signals:
+        with held_while_starting(HANDLED_SIGNALS, wanted=self._trigger is None) as handle_signals:
             await self._start_lifespan()
             self.started = True
             sockets = self._sockets if self._sockets is not None else self._config.create_sockets()
@@ -148,23 +147,6 @@ class _Worker(ServerShape):
         # Signals reach the coordinator through this worker (quick signals differ per
         # caller), so it gets a trigger in any case and installs no handler itself.
         await self._c.run(shutdown_trigger=self._trigger or _never, task_status=task_status)
-
-    @contextlib.contextmanager
-    def _capture_signals(self) -> Iterator[bool]:
-        """Keep SIGINT/SIGTERM/SIGQUIT for later while starting (lifespan, binding);
-        ``serve`` delivers them once listening.  Restores the handlers found."""
-        if self._trigger is not None or threading.current_thread() is not threading.main_thread():
-            yield False
-            return
-        previous = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
-        defer_signals(HANDLED_SIGNALS)
-        try:
-            yield True
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-            for signum in take_deferred(HANDLED_SIGNALS):
-                signal.raise_signal(signum)
 
     def _on_signal(self, signum: int) -> None:
         self._c.signal_received(signum, quick=self._quick_signals)
