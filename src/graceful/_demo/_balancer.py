@@ -71,6 +71,14 @@ class Balancer:
             writer.transport.abort()  # the pipes see the reset and end
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5)
+        for task in list(self._tasks):  # one still connecting upstream after 5 s
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1)
+        # Aborted transports close their sockets in the loop's next iterations: let them
+        # (a loop closed first leaves the sockets to the garbage collector, unclosed).
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

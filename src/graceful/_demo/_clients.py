@@ -94,8 +94,11 @@ class HttpClient:
 
     async def close(self) -> None:
         if self._conn is not None:
-            self._conn[1].close()
+            writer = self._conn[1]
             self._conn = None
+            writer.close()
+            with contextlib.suppress(OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), 1.0)  # its socket closed
 
     async def get(self, path: str, timeout_s: float) -> None:
         """GET ``path`` and record how it ended."""
