@@ -25,16 +25,17 @@ SA_KUBECONFIG: dict[int, Path] = {}
 NOBODY_TOKEN = "nobody-" + os.urandom(8).hex()
 
 
-#: The rollouts at a 5 s kube-proxy sync, in two groups of about the same length.
+#: The rollouts at a 5 s kube-proxy sync, in three groups of about the same length.
 _SLOW_SYNC_B = ("serve-until-killed", "refuse-immediately --kubernetes")
+_SLOW_SYNC_C = ("granian",)
 
 
 def _xdist_group(item: pytest.Item) -> str:
     """Under pytest-xdist (``--dist loadgroup``) the tests of a group share a worker and
     so its control planes (one per sync period, started once per worker): the demo
     (which runs its own), the other tests, the rollouts at a 1 s sync, and the slower
-    rollouts at a 5 s sync in two halves — five groups of one to one and a half
-    minutes each, instead of one of six."""
+    rollouts at a 5 s sync in three parts (granian's rows the third) — six groups of one
+    to one and a half minutes each, instead of one of seven."""
     if Path(item.path).name == "test_demo.py":
         return "kubernetes-demo"
     callspec = getattr(item, "callspec", None)
@@ -43,17 +44,21 @@ def _xdist_group(item: pytest.Item) -> str:
     if callspec.params["sync"] == 1.0:
         return "kubernetes-rollout-sync-1"
     server = str(callspec.params.get("server", ""))
+    if any(part in server for part in _SLOW_SYNC_C):
+        return "kubernetes-rollout-sync-5-c"
     half = "b" if any(part in server for part in _SLOW_SYNC_B) else "a"
     return f"kubernetes-rollout-sync-5-{half}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
-    # test_pod.py needs no API server: the pod arithmetic on objects as the API serves them.
+    # test_pod.py and test_spec.py need no API server: the pod's arithmetic and fields on
+    # objects as the API serves them.
+    pure = ("test_pod.py", "test_spec.py")
     ours = [
         item
         for item in items
-        if here in Path(item.path).parents and Path(item.path).name != "test_pod.py"
+        if here in Path(item.path).parents and Path(item.path).name not in pure
     ]
     for item in ours:
         item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
