@@ -118,9 +118,15 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
 
     # ------------------------------------------------- closing after a response
 
-    def finish_request(self, conn: Any, fs: Any) -> None:
-        """gunicorn's, but a connection it closes lingers on its poller (module docs)."""
-        if not _LINGERS or fs.cancelled() or fs.exception() is not None or fs.result() is not False:
+    def finish_request(self, *args: Any) -> None:
+        """gunicorn's, but a connection it closes lingers on its poller (module docs).
+        gunicorn 26+ calls it with ``(conn, fs)``; before, with ``(fs)`` alone (and
+        ``handle`` returns ``(keepalive, conn)``): then it is gunicorn's own."""
+        if not _LINGERS or len(args) != 2:
+            super().finish_request(*args)
+            return
+        conn, fs = args
+        if fs.cancelled() or fs.exception() is not None or fs.result() is not False:
             super().finish_request(conn, fs)
             return
         self.nr_conns -= 1
