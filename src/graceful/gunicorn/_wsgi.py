@@ -322,7 +322,11 @@ class _GracefulWSGIWorker:
         if phase is Phase.STOPPING:
             deadlines = self.coordinator.deadlines
             now = time.monotonic()  # the coordinator's clock is asyncio's: monotonic
-            self._stopped_early = deadlines is not None and now < deadlines.stop_by
+            # Only a stop that left work behind (the drain deadline, SIGINT, SIGQUIT): a
+            # drained one is gunicorn's own to end (its loop may still be finishing).
+            self._stopped_early = (
+                not self.coordinator.drained and deadlines is not None and now < deadlines.stop_by
+            )
         # At STOPPED the heartbeat ends a process whose loop still runs (_exit_stopped).
 
     def _heartbeat(self) -> None:
