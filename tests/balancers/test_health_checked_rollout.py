@@ -125,8 +125,7 @@ class CheckedBalancer:
             for check in self._checks:
                 check.cancel()
             await asyncio.gather(*self._checks, return_exceptions=True)
-            await self.balancer.stop()
-            await asyncio.sleep(0)  # closed transports let go of their sockets
+            await self.balancer.stop()  # it lets the aborted transports close
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
