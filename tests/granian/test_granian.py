@@ -145,6 +145,7 @@ def test_keep_alive_is_nudged_then_idle_connection_closed_not_cut(
     server.wait_for_line(DRAINING)
     idle.sock.settimeout(10)
     assert idle.sock.recv(1) == b""  # a FIN: ConnectionResetError would fail the test
+    server.wait_for_line(STOP_CALLED)  # the FIN can reach us before the line is read
     assert server.output().index("-> draining") < server.output().index("granian: listener closed")
     assert_clean_exit(server)
 
