@@ -145,17 +145,18 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
     def _serve_held(self) -> None:
         """Serve the connections the stop took from the backlog, each only if a request
         as long as the longest seen can still finish before the exit; a 503 (``Retry-
-        After``) to the others, never a cut or a reset."""
-        for listener, client, address in self._held:
+        After``) to the others, never a cut or a reset.  The loop sees ``_draining`` as
+        soon as the stop sets it, before the sweep (in the coordinator's thread) is
+        over: the lock waits for the sweep, which closes the listeners once it is."""
+        with self._accept_lock:
+            held, self._held = self._held, []
+        for listener, client, address in held:
             self.notify()
             if time.monotonic() + self._longest_request_s() < self._exit_at():
                 client.setblocking(True)
                 self.handle(listener, client, address)
             else:
                 refuse(client)
-        self._held.clear()
-        for listener in self.sockets:
-            listener.close()
 
     def _longest_request_s(self) -> float:
         """The longest request the coordinator measured, asked in its thread (its clock
