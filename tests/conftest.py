@@ -26,6 +26,27 @@ settings.register_profile("graceful", deadline=None)
 settings.load_profile("graceful")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep ``--dist loadgroup`` working on pytest 9.2+: pytest-xdist (3.8) sends a group
+    whole to one worker by the ``@group`` it appends to each test's ``_nodeid``, which
+    pytest 9.2 no longer reads (the id is ``_id``).  Without it every worker ran some of
+    tests/kubernetes and started control planes of its own (12 instead of 6)."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        nodeid = item.nodeid
+        if not names or nodeid.rfind("@") > nodeid.rfind("]"):
+            continue  # no group, or xdist named it
+        from _pytest.nodeid import NodeId  # pytest 9.2+: before it, xdist's own works
+
+        item._id = NodeId.parse(f"{nodeid}@{'_'.join(sorted(names))}")  # type: ignore[attr-defined]
+
+
 @pytest.fixture(
     params=[
         pytest.param("asyncio", id="asyncio"),

@@ -61,7 +61,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if here in Path(item.path).parents and Path(item.path).name not in pure
     ]
     for item in ours:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+        group = _xdist_group(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        item.stash[_GROUP_KEY] = group
     reason = unavailable()
     if reason is None:
         return
@@ -83,11 +85,44 @@ def apply_rbac(cluster: Cluster) -> None:
         cluster.api("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/default/{plural}", doc)
 
 
+#: This process's control planes, by kube-proxy sync period (``clusters``).
+_MADE: dict[float, Cluster] = {}
+#: The tests of each group of ours this session runs, and how many have run here.
+_GROUP_SIZE: dict[str, int] = {}
+_GROUP_RUN: dict[str, int] = {}
+_GROUP_KEY = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Count the tests of each group this session runs (after ``-k`` and the like)."""
+    for item in session.items:
+        group = item.stash.get(_GROUP_KEY, None)
+        if group is not None:
+            _GROUP_SIZE[group] = _GROUP_SIZE.get(group, 0) + 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Close this process's control planes as soon as every group of ours it began is
+    over: an idle API server and etcd cost CPU for the rest of the session (under
+    xdist's ``loadgroup`` a group runs whole on one worker, which may still have minutes
+    of other tests).  A group that comes later starts them again (``clusters``)."""
+    group = item.stash.get(_GROUP_KEY, None)
+    if group is None:
+        return
+    _GROUP_RUN[group] = _GROUP_RUN.get(group, 0) + 1
+    if any(_GROUP_RUN[g] < _GROUP_SIZE.get(g, 0) for g in _GROUP_RUN):
+        return
+    while _MADE:
+        _MADE.popitem()[1].close()
+
+
 @pytest.fixture(scope="session")
 def clusters() -> Iterator[Callable[[float], Cluster]]:
-    """One control plane per kube-proxy sync period, shared by the session: each with the
-    ``web`` Service, the example RBAC and a ServiceAccount ``web`` bound to it."""
-    made: dict[float, Cluster] = {}
+    """One control plane per kube-proxy sync period, shared by the session's tests while
+    a group of ours runs here: each with the ``web`` Service, the example RBAC and a
+    ServiceAccount ``web`` bound to it."""
+    made = _MADE
 
     def get(sync_period_s: float) -> Cluster:
         if sync_period_s not in made:
@@ -99,8 +134,8 @@ def clusters() -> Iterator[Callable[[float], Cluster]]:
         return made[sync_period_s]
 
     yield get
-    for cluster in made.values():
-        cluster.close()
+    while made:
+        made.popitem()[1].close()
 
 
 @pytest.fixture
