@@ -16,18 +16,23 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.support.harness import (
+    ACCEPTING,
+    DRAINING,
+    GUNICORN_LISTENING,
     WSGI_APP,
     Client,
     Harness,
     collect,
     handled,
     outcomes,
+    parse_response,
     signal_pending,
     stopped,
     summarize,
@@ -225,6 +230,69 @@ def test_process_group_sigterm_is_not_an_escalation(
     record(f"{summarize(results)}; escalated: {server.has_line('escalated')}; exit {code}")
     assert [(r.kind, r.status) for r in results] == [("ok", 200), ("ok", 200)]
     assert not server.has_line("escalated"), server.output()
+    assert code == 0
+
+
+def accepted_by(pid: int, client: socket.socket) -> bool:
+    """``pid`` holds the server end of ``client``'s connection: it accepted it (one still
+    in the accept queue has no inode in ``/proc/net/tcp``)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:[") : -1])
+    port = client.getsockname()[1]
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return any(int(row[2].split(":")[1], 16) == port and row[9] in inodes for row in rows)
+
+
+@pytest.mark.parametrize("worker", ["sync", "SyncWorker", "ThreadWorker"])
+def test_a_request_still_arriving_when_accepting_ends_is_served(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """A request whose head is still arriving when accepting ends (the stop closes the
+    worker's listeners under it) is answered 200, as the stock sync worker answers one
+    whose head is still arriving at SIGTERM (``sync``, for comparison: its accepting
+    ends there).  SyncWorker gave gunicorn the closed listener, whose address it reads
+    for the environ: EBADF, a 500."""
+    env = {"GRACEFUL_POLICY": "accept-until-idle", "GRACEFUL_IDLE": "0.3"}
+    stock = worker == "sync"
+    if stock:
+        server = harness.start(
+            [sys.executable, "-m", "gunicorn", WSGI_APP, "-k", "sync", "-w", "1",
+             "-b", "127.0.0.1:0", "--graceful-timeout", "10"],
+            env,
+        )  # fmt: skip
+        server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20).group(1))
+        server.wait_for_line(r"Booting worker with pid", timeout_s=20)
+    else:
+        server = harness.gunicorn(
+            "--graceful-timeout", "10", *options(worker),
+            app=WSGI_APP, worker_class=worker, env=env,
+        )  # fmt: skip
+        server.signal(signal.SIGTERM)
+        server.wait_for_line(ACCEPTING)
+    (pid,) = worker_pids(server)
+    client = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    client.sendall(b"GET /?id=slow HTTP/1.1\r\n")  # the head not finished
+    wait_for(lambda: accepted_by(pid, client), 10, f"the connection accepted by {pid}")
+    if stock:
+        server.signal(signal.SIGTERM)
+        server.wait_for_line(r"Handling signal: term")
+    else:
+        server.wait_for_line(DRAINING)  # the idle window is over: the listeners closed
+    client.sendall(b"Host: x\r\n\r\n")
+    received = b""
+    while chunk := client.recv(65536):
+        received += chunk
+    client.close()
+    response, _ = parse_response(received, eof=True)
+    code = server.wait_exit(20)
+    record(f"{response.status if response else received[:60]!r}; exit {code}")
+    assert response is not None, server.output()
+    assert response.status == 200, server.output()
     assert code == 0
 
 

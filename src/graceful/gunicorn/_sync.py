@@ -63,6 +63,11 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
     def run(self) -> None:
         for listener in self.sockets:
             listener.setblocking(False)
+        # What gunicorn's handle() is given for a listener: its address, which stays
+        # readable once the stop closed the listener under a request still being read.
+        self._names = {
+            id(listener): _ClosedListener(listener.getsockname()) for listener in self.sockets
+        }
         self._held: list[tuple[Any, Any, Any]] = []  # swept at the stop, served here
         with self._accept_lock:  # the loop's accept vs the stop's sweep
             self._running = True
@@ -101,7 +106,7 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         """Take every connection queued on the listeners, then close them (with
         ``_accept_lock`` held, the listeners non-blocking)."""
         for listener in self.sockets:
-            closed = _ClosedListener(listener.getsockname())
+            closed = self._names[id(listener)]
             while True:
                 try:
                     client, address = listener.accept()
@@ -139,7 +144,9 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
                     return False
                 raise
         client.setblocking(True)
-        self.handle(listener, client, address)
+        # Not the listener itself: the stop may close it while this request is read
+        # (gunicorn then reads its address, for the WSGI environ: EBADF, a 500).
+        self.handle(self._names[id(listener)], client, address)
         return True
 
     def _serve_held(self) -> None:
@@ -173,8 +180,9 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
 
 
 class _ClosedListener:
-    """What gunicorn's ``handle`` asks of the listener a connection came from (its
-    address, for the WSGI environ) once the stop closed it."""
+    """What gunicorn's ``handle`` asks of the listener a connection came from: its
+    address, for the WSGI environ, read once at the start, so that it is still there
+    after the stop closed the listener."""
 
     __slots__ = ("_name",)
 
