@@ -13,6 +13,7 @@ to 2 s for that).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ from tests.support.harness import (
     Harness,
     collect,
     handled,
+    lost,
     outcomes,
     parse_response,
     signal_pending,
@@ -39,6 +41,7 @@ from tests.support.harness import (
     wait_for,
     worker_pids,
 )
+from tests.support.servers import ServerProcess
 
 pytest.importorskip("gunicorn")
 
@@ -231,6 +234,79 @@ def test_process_group_sigterm_is_not_an_escalation(
     assert [(r.kind, r.status) for r in results] == [("ok", 200), ("ok", 200)]
     assert not server.has_line("escalated"), server.output()
     assert code == 0
+
+
+def stock_or_graceful(
+    harness: Harness, worker: str, *options: str, env: dict[str, str]
+) -> ServerProcess:
+    """gunicorn with one worker: the stock ``sync`` or ``gthread``, or graceful's class."""
+    if worker in ("sync", "gthread"):
+        server = harness.start(
+            [sys.executable, "-m", "gunicorn", WSGI_APP, "-k", worker, "-w", "1",
+             "-b", "127.0.0.1:0", *options],
+            env,
+        )  # fmt: skip
+        server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20).group(1))
+        server.wait_for_line(r"Booting worker with pid", timeout_s=20)
+        return server
+    return harness.gunicorn(*options, app=WSGI_APP, worker_class=worker, env=env)
+
+
+@pytest.mark.parametrize("worker", ["sync", "SyncWorker"])
+def test_a_quick_stop_of_one_worker_leaves_its_backlog_to_the_master(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """100 requests queued while the worker is stopped, SIGQUIT to that worker alone,
+    SIGCONT: the master still listens, so the queue stays in its socket and the worker
+    that replaces this one answers every request 200, as under the stock worker
+    (``sync``, for comparison).  SyncWorker took the queue and was ended with it."""
+    server = stock_or_graceful(harness, worker, "--graceful-timeout", "10", env={})
+    (pid,) = worker_pids(server)
+    with stopped(pid):
+        clients = [Client.connect(server.port) for _ in range(100)]
+        for i, client in enumerate(clients):
+            client.request("/", f"q{i}")
+        os.kill(pid, signal.SIGQUIT)
+        wait_for(lambda: signal_pending(pid, signal.SIGQUIT), 10, f"SIGQUIT pending in {pid}")
+    collect(clients, 20, until=answered_and_closed)
+    results = outcomes(clients)
+    server.signal(signal.SIGTERM)
+    code = server.wait_exit(20)
+    record(f"{summarize(results)}; exit {code}")
+    assert [r for r in results if r.kind != "ok" or r.status != 200] == [], server.output()
+    assert code == 0
+
+
+def test_a_backlog_past_the_drain_deadline_is_refused_not_reset(
+    harness: Harness, record: Callable[[str], None]
+) -> None:
+    """20 requests of 0.3 s queued while the worker is stopped, refuse-immediately,
+    ``--graceful-timeout 4``, SIGTERM: SyncWorker serves what fits before its exit and
+    answers the rest 503 — none reset (its heartbeat ended the process with the rest of
+    the queue unanswered).  The stock sync worker, in the same run, resets them all."""
+    lost_by: dict[str, int] = {}
+    for worker in ("sync", "SyncWorker"):
+        server = stock_or_graceful(
+            harness, worker, "--graceful-timeout", "4",
+            env={"GRACEFUL_POLICY": "refuse-immediately"},
+        )  # fmt: skip
+        (pid,) = worker_pids(server)
+        with stopped(pid):
+            clients = [Client.connect(server.port) for _ in range(20)]
+            for i, client in enumerate(clients):
+                client.request("/slow?s=0.3", f"{worker}{i}")
+            server.signal(signal.SIGTERM)
+            pending = functools.partial(signal_pending, pid, signal.SIGTERM)
+            wait_for(pending, 10, f"SIGTERM pending in {pid}")
+        collect(clients, 20, until=answered_and_closed)
+        results = outcomes(clients)
+        server.wait_exit(20)
+        lost_by[worker] = len(lost(results))
+        record(f"{worker}: {summarize(results)}")
+        if worker == "SyncWorker":
+            assert lost(results) == [], server.output()
+            assert {r.status for r in results} <= {200, 503}
+    assert lost_by["SyncWorker"] <= lost_by["sync"]
 
 
 def accepted_by(pid: int, client: socket.socket) -> bool:

@@ -104,7 +104,15 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
 
     def _sweep(self) -> None:
         """Take every connection queued on the listeners, then close them (with
-        ``_accept_lock`` held, the listeners non-blocking)."""
+        ``_accept_lock`` held, the listeners non-blocking).  A quick stop (SIGQUIT,
+        SIGINT) of this worker while gunicorn's master still listens takes nothing: the
+        queue stays in the socket the master shares, for a sibling or the worker that
+        replaces this one, as under the stock worker (taken, it could only be refused)."""
+        c = self.coordinator
+        if c.cutting and c.pod_still_serving():
+            for listener in self.sockets:
+                listener.close()
+            return
         for listener in self.sockets:
             closed = self._names[id(listener)]
             while True:
@@ -154,16 +162,35 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         as long as the longest seen can still finish before the exit; a 503 (``Retry-
         After``) to the others, never a cut or a reset.  The loop sees ``_draining`` as
         soon as the stop sets it, before the sweep (in the coordinator's thread) is
-        over: the lock waits for the sweep, which closes the listeners once it is."""
-        with self._accept_lock:
-            held, self._held = self._held, []
-        for listener, client, address in held:
+        over: the lock waits for the sweep, which closes the listeners once it is.  One
+        at a time, under the lock: what is left when the heartbeat ends the process is
+        the exit's to answer (``_cut_waiting``).  Once stopping began (the drain
+        deadline), the rest is refused."""
+        while True:
+            with self._accept_lock:
+                if not self._held:
+                    return
+                listener, client, address = self._held.pop(0)
             self.notify()
-            if time.monotonic() + self._longest_request_s() < self._exit_at():
+            if not self.coordinator.cutting and (
+                time.monotonic() + self._longest_request_s() < self._exit_at()
+            ):
                 client.setblocking(True)
                 self.handle(listener, client, address)
             else:
                 refuse(client)
+
+    def _cut_waiting(self) -> int:
+        """At the exit (the heartbeat's thread): a 503 to what the stop took from the
+        backlog and the loop has not served.  Under the lock, so that the loop cannot
+        end meanwhile and gunicorn's exit cut these answers short."""
+        with self._accept_lock:
+            held = getattr(self, "_held", [])
+            for _listener, client, _address in held:
+                refuse(client, timeout_s=0.0)
+            count = len(held)
+            held.clear()
+        return count
 
     def _longest_request_s(self) -> float:
         """The longest request the coordinator measured, asked in its thread (its clock
@@ -172,6 +199,8 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         answer: concurrent.futures.Future[float | None] = concurrent.futures.Future()
         coordinator = self.coordinator
         assert self.graceful is not None
+        if not self.graceful.running:  # its thread is gone: call() would run nothing
+            return 0.0
         self.graceful.call(lambda: answer.set_result(coordinator.longest_request_s(running=False)))
         try:
             return answer.result(timeout=0.2) or 0.0
