@@ -125,10 +125,15 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
             listener.close()
 
     def _ready(self, timeout: float) -> list[Any]:
+        if self._draining:
+            return []  # the stop took the listeners
         try:
             ready, _, _ = select.select(self.wait_fds, [], [], timeout)
-        except (OSError, ValueError) as exc:  # a listener closed at the stop
-            if isinstance(exc, ValueError) or exc.errno in (errno.EINTR, errno.EBADF):
+        except (OSError, ValueError, TypeError) as exc:  # a listener closed at the stop
+            # The stop may close them between the check above and the select: a socket
+            # gives fileno -1 (ValueError) or EBADF, gunicorn's listener wrapper has no
+            # fileno() once closed (TypeError), which ended the worker with its backlog.
+            if not isinstance(exc, OSError) or exc.errno in (errno.EINTR, errno.EBADF):
                 return []
             raise
         if self.PIPE[0] in ready:

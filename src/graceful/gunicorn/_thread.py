@@ -66,6 +66,8 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
     begins (``graceful.gunicorn._http2``).
     """
 
+    _listeners_closed = False  # set_accept_enabled: the stop's sweep closed them
+
     _waiting: dict[int, Any]  # connections waiting for a thread (run sets it)
     _lingering: dict[Any, list[float]]  # closed after a response: socket -> [deadline, read]
 
@@ -185,6 +187,8 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         that close, after its client had sent its request; closed now, a sibling that
         still accepts takes it, or, with none left, the connect is refused (safe to
         retry)."""
+        if self._listeners_closed:
+            return  # the stop's sweep closed them: nothing is left to enable or disable
         draining = not enabled and self.coordinator.draining
         if draining:
             for listener in self.sockets:
@@ -197,5 +201,8 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
                         break
         super().set_accept_enabled(enabled)
         if draining:
+            # Once: the loop's own toggle at capacity may run this while draining began
+            # and before alive is False, and must not use the closed listeners after.
+            self._listeners_closed = True
             for listener in self.sockets:
                 listener.close()  # gunicorn closes them again at the end: a no-op
