@@ -54,7 +54,7 @@ THREADS = ["--threads", "4"]
 
 
 def options(worker: str) -> list[str]:
-    return THREADS if worker == "ThreadWorker" else []
+    return THREADS if worker in ("ThreadWorker", "gthread") else []
 
 
 def answered_and_closed(client: Client) -> bool:
@@ -252,15 +252,18 @@ def stock_or_graceful(
     return harness.gunicorn(*options, app=WSGI_APP, worker_class=worker, env=env)
 
 
-@pytest.mark.parametrize("worker", ["sync", "SyncWorker"])
+@pytest.mark.parametrize("worker", ["sync", "SyncWorker", "gthread", "ThreadWorker"])
 def test_a_quick_stop_of_one_worker_leaves_its_backlog_to_the_master(
     harness: Harness, record: Callable[[str], None], worker: str
 ) -> None:
     """100 requests queued while the worker is stopped, SIGQUIT to that worker alone,
     SIGCONT: the master still listens, so the queue stays in its socket and the worker
-    that replaces this one answers every request 200, as under the stock worker
-    (``sync``, for comparison).  SyncWorker took the queue and was ended with it."""
-    server = stock_or_graceful(harness, worker, "--graceful-timeout", "10", env={})
+    that replaces this one answers every request 200, as under the stock workers
+    (``sync``, ``gthread``, for comparison).  SyncWorker took the queue and was ended
+    with it; ThreadWorker's loop accepted until its coordinator acted (some reset)."""
+    server = stock_or_graceful(
+        harness, worker, "--graceful-timeout", "10", *options(worker), env={}
+    )
     (pid,) = worker_pids(server)
     with stopped(pid):
         clients = [Client.connect(server.port) for _ in range(100)]

@@ -28,6 +28,7 @@ import functools
 import inspect
 import selectors
 import socket
+import threading
 import time
 from typing import Any
 
@@ -67,9 +68,14 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
     """
 
     _listeners_closed = False  # set_accept_enabled: the stop's sweep closed them
+    _cut_done = False  # the exit answered what waited for a thread (_cut_waiting)
 
-    _waiting: dict[int, Any]  # connections waiting for a thread (run sets it)
     _lingering: dict[Any, list[float]]  # closed after a response: socket -> [deadline, read]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiting: dict[int, Any] = {}  # connections waiting for a thread
+        self._waiting_lock = threading.Lock()
 
     def _on_phase(self, phase: Phase) -> None:
         super()._on_phase(phase)
@@ -80,23 +86,37 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
 
     def enqueue_req(self, conn: Any) -> None:
         """gunicorn hands a connection to its thread pool: it waits for a thread until
-        ``handle`` takes it (``_cut_waiting`` answers it if the exit comes first)."""
-        self._waiting[id(conn)] = conn
+        ``handle`` takes it (``_cut_waiting`` answers it if the exit comes first; after
+        the exit's cut, it is answered here)."""
+        with self._waiting_lock:
+            cut = self._cut_done
+            if not cut:
+                self._waiting[id(conn)] = conn
+        if cut:
+            self.nr_conns -= 1
+            refuse(conn.sock, timeout_s=0.0)
+            return
         super().enqueue_req(conn)
 
     def handle(self, conn: Any) -> Any:
-        if self._waiting.pop(id(conn), None) is None:
+        with self._waiting_lock:  # the exit's cut answers under it: never half-written
+            mine = self._waiting.pop(id(conn), None) is not None
+        if not mine:
             return False  # the exit answered it already (_cut_waiting)
         return super().handle(conn)
 
     def _cut_waiting(self) -> int:
-        waiting, self._waiting = getattr(self, "_waiting", {}), {}
-        for conn in waiting.values():
-            refuse(conn.sock, timeout_s=0.0)
+        """At the exit (the heartbeat's thread): a 503 to each connection waiting for a
+        thread.  Under the lock, so that a thread taking one (``handle``) finds it
+        answered in full, and one queued after (``enqueue_req``) is answered there."""
+        with self._waiting_lock:
+            self._cut_done = True
+            waiting, self._waiting = self._waiting, {}
+            for conn in waiting.values():
+                refuse(conn.sock, timeout_s=0.0)
         return len(waiting)
 
     def run(self) -> None:
-        self._waiting = {}
         self._lingering = {}
         self._start_if_signalled()
         try:
@@ -105,6 +125,9 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
             for sock in list(self._lingering):
                 self._end_linger(sock, poller=False)
             self._loop_ended()
+
+    def _quit_accepting(self) -> None:
+        self.alive = False  # gunicorn's loop accepts no more and drains
 
     def _stop_accepting(self) -> None:
         self.alive = False  # gunicorn's loop stops accepting and drains
@@ -189,8 +212,11 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         retry)."""
         if self._listeners_closed:
             return  # the stop's sweep closed them: nothing is left to enable or disable
-        draining = not enabled and self.coordinator.draining
-        if draining:
+        c = self.coordinator
+        draining = not enabled and c.draining
+        # A quick stop of this worker alone while the master listens takes nothing: the
+        # queue stays in the master's socket for the worker that replaces this one.
+        if draining and not (c.cutting and c.pod_still_serving()):
             for listener in self.sockets:
                 for _ in range(self.cfg.worker_connections):
                     if self.nr_conns >= self.cfg.worker_connections:

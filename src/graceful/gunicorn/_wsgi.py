@@ -261,8 +261,15 @@ class _GracefulWSGIWorker:
         if self.graceful is None or not self.graceful.running:
             logging.shutdown()
             os._exit(0)
+        self._quit_accepting()
         quick = functools.partial(self.coordinator.signal_received, quick=QUICK_SIGNALS)
         self.graceful.call(quick, sig)
+
+    def _quit_accepting(self) -> None:
+        """In the signal handler of a quick stop: stop taking connections now, as the
+        stock worker does, not once the coordinator's thread has acted — what the loop
+        took meanwhile could only be refused, where left in the queue the worker that
+        replaces this one serves it (the worker class says how)."""
 
     def _start_if_signalled(self) -> None:
         """At the start of ``run``: a SIGTERM that came while the app was imported."""
