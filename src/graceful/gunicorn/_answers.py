@@ -39,7 +39,7 @@ def accept_queue(sock: Any) -> int:
         return 0
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCPI_UNACKED.size)
-    except OSError:
+    except (OSError, AttributeError):  # closed (gunicorn's closed listener has no socket)
         return 0
     if len(info) < _TCPI_UNACKED.size:
         return 0

@@ -32,6 +32,7 @@ import selectors
 import socket
 import ssl
 import struct
+import threading
 from typing import Any
 
 from gunicorn import __version__ as _gunicorn_version
@@ -131,12 +132,17 @@ class Http2GoAway:
     coordinator: Any
     log: Any
     _h2_wake: dict[int, int]  # id(TConn) -> the write end of its thread's wake pipe
+    # Writes to those descriptors and their close: a descriptor closed under a write may
+    # already be a new client's socket (the loop's next accept takes the lowest free
+    # number).  A worker is one process: its class's lock is its own, never held at fork.
+    _h2_lock = threading.Lock()
 
     def wake_http2(self) -> None:
         """From any thread: every HTTP/2 connection's thread looks at its GOAWAY."""
-        for wake in list(getattr(self, "_h2_wake", {}).values()):
-            with contextlib.suppress(OSError):  # full (already woken) or closed
-                os.write(wake, b"x")
+        with self._h2_lock:
+            for wake in getattr(self, "_h2_wake", {}).values():
+                with contextlib.suppress(OSError):  # full (already woken)
+                    os.write(wake, b"x")
 
     def _goaway_if_done(self, h2_conn: Any) -> bool:
         """In the connection's thread: GOAWAY (through h2) and ``True`` once nudging and
@@ -186,17 +192,19 @@ class Http2GoAway:
             return bool(super().handle_http2(conn))  # type: ignore[misc]
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
-        if not hasattr(self, "_h2_wake"):
-            self._h2_wake = {}
-        self._h2_wake[id(conn)] = wake_w
+        with self._h2_lock:
+            if not hasattr(self, "_h2_wake"):
+                self._h2_wake = {}
+            self._h2_wake[id(conn)] = wake_w
         try:
             if self.coordinator.nudging or not self.alive:
                 os.write(wake_w, b"x")  # nudging began before this connection came
             self._loop(conn, wake_r)
         finally:
-            self._h2_wake.pop(id(conn), None)
+            with self._h2_lock:
+                self._h2_wake.pop(id(conn), None)
+                os.close(wake_w)
             os.close(wake_r)
-            os.close(wake_w)
         return False
 
     def _http2_fits(self, h2_conn: Any) -> bool:
