@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Keep ``--dist loadgroup`` working on pytest 9.2+: pytest-xdist (3.8) sends a group
     whole to one worker by the ``@group`` it appends to each test's ``_nodeid``, which
     pytest 9.2 no longer reads (the id is ``_id``).  Without it every worker ran some of
-    tests/kubernetes and started control planes of its own (12 instead of 6)."""
+    tests/kubernetes and started control planes of its own: 12 API servers, not 6."""
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
