@@ -338,19 +338,10 @@ def test_a_request_still_arriving_when_accepting_ends_is_served(
     for the environ: EBADF, a 500."""
     env = {"GRACEFUL_POLICY": "accept-until-idle", "GRACEFUL_IDLE": "0.3"}
     stock = worker == "sync"
-    if stock:
-        server = harness.start(
-            [sys.executable, "-m", "gunicorn", WSGI_APP, "-k", "sync", "-w", "1",
-             "-b", "127.0.0.1:0", "--graceful-timeout", "10"],
-            env,
-        )  # fmt: skip
-        server.port = int(server.wait_for_line(GUNICORN_LISTENING, timeout_s=20).group(1))
-        server.wait_for_line(r"Booting worker with pid", timeout_s=20)
-    else:
-        server = harness.gunicorn(
-            "--graceful-timeout", "10", *options(worker),
-            app=WSGI_APP, worker_class=worker, env=env,
-        )  # fmt: skip
+    server = stock_or_graceful(
+        harness, worker, "--graceful-timeout", "10", *options(worker), env=env
+    )
+    if not stock:
         server.signal(signal.SIGTERM)
         server.wait_for_line(ACCEPTING)
     (pid,) = worker_pids(server)

@@ -66,7 +66,7 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         # What gunicorn's handle() is given for a listener: its address, which stays
         # readable once the stop closed the listener under a request still being read.
         self._names = {
-            id(listener): _ClosedListener(listener.getsockname()) for listener in self.sockets
+            id(listener): _ListenerName(listener.getsockname()) for listener in self.sockets
         }
         self._held: list[tuple[Any, Any, Any]] = []  # swept at the stop, served here
         with self._accept_lock:  # the loop's accept vs the stop's sweep
@@ -104,24 +104,16 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
 
     def _sweep(self) -> None:
         """Take every connection queued on the listeners, then close them (with
-        ``_accept_lock`` held, the listeners non-blocking).  A quick stop (SIGQUIT,
-        SIGINT) of this worker while gunicorn's master still listens takes nothing: the
-        queue stays in the socket the master shares, for a sibling or the worker that
-        replaces this one, as under the stock worker (taken, it could only be refused)."""
-        c = self.coordinator
-        if c.cutting and c.pod_still_serving():
-            for listener in self.sockets:
-                listener.close()
-            return
+        ``_accept_lock`` held, the listeners non-blocking) — none if the queue stays
+        (``_queue_stays``)."""
+        taking = not self._queue_stays()
         for listener in self.sockets:
-            closed = self._names[id(listener)]
-            while True:
+            while taking:
                 try:
                     client, address = listener.accept()
                 except OSError:
                     break
-                self._held.append((closed, client, address))
-        for listener in self.sockets:
+                self._held.append((self._names[id(listener)], client, address))
             listener.close()
 
     def _ready(self, timeout: float) -> list[Any]:
@@ -213,7 +205,7 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
             return 0.0
 
 
-class _ClosedListener:
+class _ListenerName:
     """What gunicorn's ``handle`` asks of the listener a connection came from: its
     address, for the WSGI environ, read once at the start, so that it is still there
     after the stop closed the listener."""

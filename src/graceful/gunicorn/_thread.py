@@ -212,11 +212,8 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         retry)."""
         if self._listeners_closed:
             return  # the stop's sweep closed them: nothing is left to enable or disable
-        c = self.coordinator
-        draining = not enabled and c.draining
-        # A quick stop of this worker alone while the master listens takes nothing: the
-        # queue stays in the master's socket for the worker that replaces this one.
-        if draining and not (c.cutting and c.pod_still_serving()):
+        draining = not enabled and self.coordinator.draining
+        if draining and not self._queue_stays():
             for listener in self.sockets:
                 for _ in range(self.cfg.worker_connections):
                     if self.nr_conns >= self.cfg.worker_connections:

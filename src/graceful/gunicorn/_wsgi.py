@@ -265,6 +265,14 @@ class _GracefulWSGIWorker:
         quick = functools.partial(self.coordinator.signal_received, quick=QUICK_SIGNALS)
         self.graceful.call(quick, sig)
 
+    def _queue_stays(self) -> bool:
+        """Whether what the kernel queued on the listeners stays there at the stop: a
+        quick stop (SIGQUIT, SIGINT) of this worker alone, while gunicorn's master still
+        listens — the worker that replaces this one serves it, as under the stock
+        workers, where taken it could only be refused."""
+        c = self.coordinator
+        return c.cutting and c.pod_still_serving()
+
     def _quit_accepting(self) -> None:
         """In the signal handler of a quick stop: stop taking connections now, as the
         stock worker does, not once the coordinator's thread has acted — what the loop
