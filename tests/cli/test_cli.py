@@ -19,6 +19,7 @@ import pytest
 
 from graceful._core.policy import POLICIES
 from graceful._options import OPTIONS, Option
+from tests.support import zygote
 from tests.support.servers import ACCEPTING, ROOT, RawHTTP, ServerProcess, sigstop
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
@@ -58,12 +59,10 @@ def clean_environment(**extra: str) -> dict[str, str]:
 
 
 def graceful_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "-m", "graceful", "run", *args],
         cwd=ROOT,
         env=env or clean_environment(),
-        capture_output=True,
-        text=True,
         timeout=30,
     )
 
@@ -151,12 +150,10 @@ def test_help_shows_real_defaults() -> None:
 
 
 def graceful(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "-m", "graceful", *args],
         cwd=ROOT,
         env=clean_environment(**env),
-        capture_output=True,
-        text=True,
         timeout=30,
     )
 

@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 from graceful._core.coordinator import DUPLICATE_WINDOW_S
 
+from . import zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: Options per policy, short enough for tests, by option name (``max_wait``: ``--max-wait``
@@ -69,19 +71,21 @@ class ServerProcess:
     Tests wait on log lines (``wait_for_line``) or on the exit, never on the clock.
     """
 
-    def __init__(self, args: list[str], *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], *, env: dict[str, str] | None = None, fresh: bool = False
+    ) -> None:
+        """``fresh``: a fresh interpreter even where the zygote could fork it (a test of
+        what happens at start-up; see :mod:`tests.support.zygote`)."""
         self.args = args
         self.lines: list[str] = []
         self._sent: dict[int, float] = {}  # signal -> when it was last sent
         self._cond = threading.Condition()
-        self.proc = subprocess.Popen(
+        self.proc = zygote.popen(
             args,
             cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             start_new_session=True,  # stop() kills the whole group (gunicorn's workers too)
+            fresh=fresh,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

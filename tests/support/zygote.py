@@ -1,0 +1,496 @@
+"""A fork server for the tests' server processes: the imports once, a ``fork`` per server.
+
+Most of what a test server process costs is its interpreter's start and its imports
+(uvicorn, hypercorn, aiohttp, gunicorn, h2, graceful: 0.2 to 0.5 CPU-s), and the suite starts
+over a thousand of them on two cores.  Each pytest worker therefore starts one *zygote*:
+an interpreter that imports those packages (never an app, never a module that reads the
+environment at import) and then, for each server, forks.  The child becomes
+``python -m MODULE ARGS``, ``python SCRIPT ARGS`` or ``python -c CODE ARGS`` in the
+requested directory, environment and session, with the requested pipe as its standard
+output and error, and runs the program exactly as the interpreter's ``-m``, script and
+``-c`` modes do (``runpy._run_module_as_main`` in a fresh ``__main__``).  The program's
+exit — ``SystemExit``, an uncaught exception, ``KeyboardInterrupt`` — unwinds to the top
+of the interpreter, which ends as a fresh one would: non-daemon threads joined, ``atexit``
+run, modules and garbage collected.  It is a real process with its own pid and session,
+real signals and real sockets; only the imports were made before the fork.
+
+What a forked child cannot reproduce gets a fresh interpreter (``subprocess.Popen``, as
+before): an interpreter option (``-u``, ``-X``, ``-W``), an environment that differs from
+the zygote's in a variable that is not known to be read only at run time (``PYTHON*``
+start-up settings, ``PROMETHEUS_MULTIPROC_DIR``, ``WEB_CONCURRENCY``…), ``pass_fds``, or
+``GRACEFUL_TESTS_FRESH=1`` in the environment, which turns the zygote off for a whole run
+(``.ci/run`` runs the other Python versions' subsets that way).  A test about start-up
+itself passes ``fresh=True`` to :class:`tests.support.servers.ServerProcess`.
+
+The zygote is one process per pytest worker, started at the first server: a
+``SOCK_SEQPACKET`` pair carries a JSON request with the pipe's descriptor attached, the
+reply with the pid, and later the exit status (the zygote reaps its children through
+pidfds).  When the worker's end closes, the zygote kills what it started and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import locale
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+#: ``GRACEFUL_TESTS_FRESH=1``: every server process a fresh interpreter.
+FRESH_ENV = "GRACEFUL_TESTS_FRESH"
+#: Imported by the zygote before it forks: servers, protocols, loops and graceful itself.
+#: None of them reads the environment or warns at import (checked by the zygote: a module
+#: that warns is reported and the zygote exits, so that the list is corrected).
+PRELOAD = (
+    "asyncio",
+    "concurrent.futures.thread",
+    "logging.config",
+    "ssl",
+    "email.utils",
+    "http.cookies",
+    "multiprocessing.connection",
+    "click",
+    "h11",
+    "httptools",
+    "uvloop",
+    "anyio",
+    "anyio._backends._asyncio",
+    "wsproto",
+    "websockets.asyncio.server",
+    "uvicorn",
+    "uvicorn.main",
+    "uvicorn.config",
+    "uvicorn.server",
+    "uvicorn.lifespan.on",
+    "uvicorn.loops.auto",
+    "uvicorn.loops.uvloop",
+    "uvicorn.protocols.http.h11_impl",
+    "uvicorn.protocols.http.httptools_impl",
+    "uvicorn.protocols.websockets.wsproto_impl",
+    "uvicorn.protocols.websockets.websockets_sansio_impl",
+    "starlette.applications",
+    "starlette.responses",
+    "starlette.routing",
+    "h2.connection",
+    "trio",
+    "hypercorn.asyncio",
+    "hypercorn.trio",
+    "hypercorn.config",
+    "hypercorn.protocol",
+    "hypercorn.middleware",
+    "aiohttp.web",
+    "gunicorn.app.wsgiapp",
+    "gunicorn.arbiter",
+    "gunicorn.workers.sync",
+    "gunicorn.workers.gthread",
+    "gunicorn.http.wsgi",
+    "graceful",
+    "graceful._cli.run",
+    "graceful._cli.servers",
+    "graceful._cli.workers",
+    "graceful.asgi",
+    "graceful.wsgi",
+    "graceful.asyncio",
+    "graceful.uvicorn",
+    "graceful.hypercorn",
+    "graceful.aiohttp",
+    "graceful.gunicorn",
+)
+#: Variables the child's environment may change from the zygote's: read at run time only
+#: (graceful's options, the test apps' switches, pytest's own).  Any other difference
+#: — a ``PYTHON*`` start-up setting, a variable a preloaded package reads at import such
+#: as ``WEB_CONCURRENCY`` (gunicorn's default) or ``AIOHTTP_NO_EXTENSIONS`` — needs a
+#: fresh interpreter.
+RUN_TIME_VARIABLES = re.compile(
+    r"GRACEFUL_(?!TESTS_FRESH$).*|FAULTS_.*|SELFTEST_BREAK|RUN_COORDINATOR|ZTTP_CHANGE"
+    r"|APP_IMPORT_DELAY|PORT|COLUMNS|LINES|PYTEST_.*|PYTHONPATH|PYTHONUNBUFFERED"
+    r"|PYTHONDONTWRITEBYTECODE|KUBE_CACHE_DIR"
+)
+#: The longest wait for the zygote's imports and for a reply to a request.
+START_TIMEOUT_S = 60.0
+REPLY_TIMEOUT_S = 30.0
+
+
+# ------------------------------------------------------------------------ the test side
+
+
+class ForkedProcess:
+    """What the tests use of ``subprocess.Popen``, for a process the zygote forked."""
+
+    def __init__(self, client: _Client, args: list[str], pid: int, stdout: io.TextIOWrapper):
+        self._client = client
+        self.args = args
+        self.pid = pid
+        self.stdout: io.TextIOWrapper | None = stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._client.status(self.pid, 0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            status = self._client.status(self.pid, timeout)
+            if status is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self.returncode = status
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Client:
+    """This process's zygote: started at the first request, one reader thread for its
+    replies (pids and exit statuses)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        env["PYTHONUNBUFFERED"] = "1"
+        self.env = env
+        self.sock = ours
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.zygote", str(theirs.fileno())],
+            cwd=ROOT,
+            env=env,
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        theirs.close()
+        self._cond = threading.Condition()
+        self._replies: dict[int, dict[str, Any]] = {}
+        self._statuses: dict[int, int] = {}
+        self._next = 0
+        self.alive = True
+        self.ready = False
+        self.error = ""
+        self._lock = threading.Lock()  # one request at a time: its descriptor goes with it
+        threading.Thread(target=self._read, daemon=True, name="zygote-replies").start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            message = json.loads(data)
+            with self._cond:
+                if "ready" in message:
+                    self.ready = True
+                elif "exit" in message:
+                    self._statuses[message["exit"]] = message["status"]
+                else:
+                    self._replies[message["id"]] = message
+                self._cond.notify_all()
+        with self._cond:
+            self.alive = False
+            assert self.process.stderr is not None
+            with contextlib.suppress(OSError, ValueError):
+                self.error = self.process.stderr.read().decode(errors="replace")[-2000:]
+            self._cond.notify_all()
+
+    def status(self, pid: int, timeout: float | None) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._statuses or not self.alive, timeout)
+            if pid not in self._statuses and not self.alive:
+                raise RuntimeError(f"the zygote is gone; its exit status of {pid} is lost")
+            return self._statuses.get(pid)
+
+    def spawn(
+        self, args: list[str], cwd: str, env: Mapping[str, str], session: bool, fds: list[int]
+    ) -> int | None:
+        """Fork ``args`` with ``fds`` as its standard output and error (one descriptor:
+        both); its pid, or ``None`` if the zygote could not fork."""
+        with self._lock:
+            with self._cond:
+                if not self._cond.wait_for(lambda: self.ready or not self.alive, START_TIMEOUT_S):
+                    raise RuntimeError(f"the zygote did not start in {START_TIMEOUT_S} s")
+                if not self.alive:
+                    raise RuntimeError(f"the zygote is gone:\n{self.error}")
+                self._next += 1
+                ident = self._next
+            request = {"id": ident, "argv": args[1:], "cwd": cwd, "env": dict(env)}
+            request["session"] = session
+            # A child inherits the signal mask of the thread that starts it.
+            request["mask"] = sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+            socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+            with self._cond:
+                self._cond.wait_for(
+                    lambda: ident in self._replies or not self.alive, REPLY_TIMEOUT_S
+                )
+                reply = self._replies.pop(ident, None)
+        return None if reply is None else reply.get("pid")
+
+    def forkable(self, env: Mapping[str, str], *, captured: bool = False) -> bool:
+        """Whether a child with ``env`` behaves as a fresh interpreter would (the
+        zygote's children are unbuffered: the same output, once ``captured`` whole)."""
+        if env.get("PYTHONUNBUFFERED") != "1" and not captured:
+            return False
+        env = {**env, "PYTHONUNBUFFERED": "1"}
+        for name in set(env) | set(self.env):
+            if env.get(name) != self.env.get(name) and not RUN_TIME_VARIABLES.fullmatch(name):
+                return False
+        return True
+
+
+_CLIENT: _Client | None = None
+_CLIENT_LOCK = threading.Lock()
+
+
+def _program(args: list[str]) -> bool:
+    """``[python, -m, MODULE, …]``, ``[python, -c, CODE, …]`` or ``[python, SCRIPT, …]``."""
+    if len(args) < 2 or args[0] != sys.executable:
+        return False
+    if args[1] in ("-m", "-c"):
+        return len(args) >= 3
+    return not args[1].startswith("-")
+
+
+def _client(args: list[str], env: Mapping[str, str], fresh: bool, captured: bool) -> _Client | None:
+    """This process's zygote, if it can run ``args`` with ``env``."""
+    global _CLIENT
+    if fresh or os.environ.get(FRESH_ENV) == "1" or not _program(args):
+        return None
+    with _CLIENT_LOCK:
+        if _CLIENT is None:
+            _CLIENT = _Client()
+        client = _CLIENT
+    return client if client.forkable(env, captured=captured) else None
+
+
+def _fork(
+    client: _Client, args: list[str], cwd: Path, env: dict[str, str], session: bool, fds: list[int]
+) -> int:
+    try:
+        pid = client.spawn(args, str(cwd), env, session, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if pid is None:
+        raise RuntimeError(f"the zygote did not fork {args}:\n{client.error}")
+    return pid
+
+
+def popen(
+    args: list[str], *, cwd: Path, env: dict[str, str], start_new_session: bool, fresh: bool
+) -> Any:
+    """A process running ``args`` whose merged output is its ``stdout`` (text): forked by
+    the zygote when it can be, else ``subprocess.Popen``."""
+    client = _client(args, env, fresh, captured=False)
+    if client is None:
+        return subprocess.Popen(
+            args,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=start_new_session,
+        )
+    read, write = os.pipe()
+    pid = _fork(client, args, cwd, env, start_new_session, [write])
+    stdout = open(read, encoding=locale.getpreferredencoding(False))  # noqa: SIM115
+    return ForkedProcess(client, args, pid, stdout)
+
+
+def run(
+    args: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    timeout: float,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(args, capture_output=True, text=True)``: forked by the zygote
+    when it can be.  A process still running at ``timeout`` is killed and
+    ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` does."""
+    env = dict(os.environ if env is None else env)
+    client = _client(args, env, fresh, captured=True)
+    if client is None:
+        return subprocess.run(
+            args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    pid = _fork(client, args, cwd, env, False, [out_write, err_write])
+    process = ForkedProcess(client, args, pid, None)
+    encoding = locale.getpreferredencoding(False)
+    captured: dict[int, str] = {}
+
+    def drain(fd: int) -> None:
+        with open(fd, encoding=encoding) as stream:
+            captured[fd] = stream.read()
+
+    readers = [
+        threading.Thread(target=drain, args=(fd,), daemon=True) for fd in (out_read, err_read)
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        code = process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(REPLY_TIMEOUT_S)
+        raise
+    finally:
+        for reader in readers:
+            reader.join(REPLY_TIMEOUT_S)
+    return subprocess.CompletedProcess(
+        args, code, captured.get(out_read, ""), captured.get(err_read, "")
+    )
+
+
+# ---------------------------------------------------------------------- the zygote side
+
+
+def _preload() -> None:
+    import warnings
+
+    for name in PRELOAD:
+        # ``python -m package`` warns if the package's __main__ was imported before.
+        assert not name.endswith("__main__"), name
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+        if caught:
+            raise SystemExit(f"zygote: importing {name} warned: {caught[0].message}")
+    if threading.active_count() != 1:
+        raise SystemExit(f"zygote: the imports started threads: {threading.enumerate()}")
+
+
+def _serve(sock: socket.socket) -> dict[str, Any] | None:
+    """Fork on each request; reap and report.  Returns the request in a child, ``None``
+    in the zygote once the test process is gone."""
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the children's collections do not touch (copy) the preloaded objects
+    children: dict[int, int] = {}  # pidfd -> pid
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ)
+        sock.send(json.dumps({"ready": True}).encode())
+        while True:
+            for key, _ in selector.select():
+                if key.fileobj is sock:
+                    try:
+                        data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 2)
+                    except OSError:
+                        data, fds = b"", []
+                    if not data:
+                        for pid in children.values():
+                            with contextlib.suppress(OSError):
+                                os.killpg(pid, signal.SIGKILL)
+                            with contextlib.suppress(OSError):
+                                os.kill(pid, signal.SIGKILL)
+                        return None
+                    request = json.loads(data)
+                    try:
+                        pid = os.fork()
+                    except OSError as exc:
+                        for fd in fds:
+                            os.close(fd)
+                        sock.send(json.dumps({"id": request["id"], "error": str(exc)}).encode())
+                        continue
+                    if pid == 0:
+                        selector.close()
+                        for pidfd in children:
+                            os.close(pidfd)
+                        sock.close()
+                        request["fds"] = fds
+                        return request
+                    for fd in fds:
+                        os.close(fd)
+                    pidfd = os.pidfd_open(pid)
+                    children[pidfd] = pid
+                    selector.register(pidfd, selectors.EVENT_READ)
+                    sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+                else:
+                    pidfd = key.fd
+                    pid = children.pop(pidfd)
+                    selector.unregister(pidfd)
+                    os.close(pidfd)
+                    _, status = os.waitpid(pid, 0)
+                    code = os.waitstatus_to_exitcode(status)
+                    sock.send(json.dumps({"exit": pid, "status": code}).encode())
+
+
+def _become(request: dict[str, Any]) -> None:
+    """In the forked child: become the requested program (its exceptions and exit unwind
+    to the interpreter, which ends as it would for ``python -m``)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, request["mask"])
+    if request["session"]:
+        os.setsid()
+    out, err = request["fds"] if len(request["fds"]) == 2 else request["fds"] * 2
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in set(request["fds"]):
+        os.close(fd)
+    cwd = request["cwd"]
+    os.chdir(cwd)
+    env = request["env"]
+    os.environ.clear()
+    os.environ.update(env)
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    importlib.invalidate_caches()
+    argv = request["argv"]
+    extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    if argv[0] == "-m":
+        sys.path[:1] = [cwd, *extra]
+        sys.argv = ["-m", *argv[2:]]
+        import runpy
+
+        runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
+    elif argv[0] == "-c":
+        sys.path[:1] = ["", *extra]
+        sys.argv = ["-c", *argv[2:]]
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    else:
+        script = os.path.join(cwd, argv[0])
+        sys.path[:1] = [os.path.dirname(os.path.realpath(script)), *extra]
+        sys.argv = list(argv)
+        main.__file__ = argv[0]
+        with open(script, "rb") as source:
+            code = compile(source.read(), argv[0], "exec")
+        exec(code, main.__dict__)
+
+
+if __name__ == "__main__":
+    # Its children get the mask of the thread that asks for them, not the one that
+    # happened to start the zygote.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _preload()
+    _request = _serve(socket.socket(fileno=int(sys.argv[1])))
+    if _request is not None:
+        _become(_request)
