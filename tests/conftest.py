@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
+from tests.support import bytecode, zygote
 from tests.support.servers import RawHTTP, ServerProcess
 
 # gunicorn 27 gives every master a control socket, by default at one path per user
@@ -24,6 +25,13 @@ except metadata.PackageNotFoundError:
 # machine a slow example failed it.  Examples are bounded by count, not by the clock.
 settings.register_profile("graceful", deadline=None)
 settings.load_profile("graceful")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before the workers start: they and every process they start read what this compiled.
+    bytecode.cache(config)
+    # Before any test changes it: the environment the zygote's children are compared with.
+    zygote.remember_environment()
 
 
 @pytest.hookimpl(trylast=True)

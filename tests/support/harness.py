@@ -78,6 +78,15 @@ def _stat(pid: int) -> list[str] | None:
     return text.rsplit(")", 1)[1].split()
 
 
+def _start_time(pid: int) -> str:
+    """When ``pid`` started (clock ticks after boot): a reused pid has another.  (Not its
+    command line: the zygote's children share one, tests/support/zygote.py.)"""
+    fields = _stat(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    return fields[19]
+
+
 def state(pid: int) -> str | None:
     """The process state letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie), or ``None``."""
     fields = _stat(pid)
@@ -134,7 +143,7 @@ class Harness:
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
         self.servers: list[ServerProcess] = []
-        self.adopted: dict[int, bytes] = {}
+        self.adopted: dict[int, str] = {}
         self._count = 0
 
     def adopt(self, pids: Iterable[int]) -> None:
@@ -142,7 +151,7 @@ class Harness:
         their parent is gone, :meth:`ServerProcess.stop` cannot find them)."""
         for pid in pids:
             with contextlib.suppress(OSError):
-                self.adopted[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
+                self.adopted[pid] = _start_time(pid)
 
     def start(self, args: list[str], env: dict[str, str] | None = None) -> ServerProcess:
         """Start ``args`` (output read line by line, app log in ``server.log_path``)."""
@@ -206,9 +215,9 @@ class Harness:
 
     def stop_all(self) -> None:
         # Orphans first: they hold their parent's output pipe open.
-        for pid, cmdline in self.adopted.items():
+        for pid, started in self.adopted.items():
             with contextlib.suppress(OSError):
-                if Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:  # not a reused pid
+                if _start_time(pid) == started:  # not a reused pid
                     os.kill(pid, signal.SIGKILL)
         for server in self.servers:
             server.stop()

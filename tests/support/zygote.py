@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.machinery
 import io
 import json
 import locale
@@ -43,7 +44,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import types
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -116,7 +119,7 @@ PRELOAD = (
 #: fresh interpreter.
 RUN_TIME_VARIABLES = re.compile(
     r"GRACEFUL_(?!TESTS_FRESH$).*|FAULTS_.*|SELFTEST_BREAK|RUN_COORDINATOR|ZTTP_CHANGE"
-    r"|APP_IMPORT_DELAY|PORT|COLUMNS|LINES|PYTEST_.*|PYTHONPATH|PYTHONUNBUFFERED"
+    r"|APP_IMPORT_DELAY|COLUMNS|LINES|PYTEST_.*|PYTHONPATH|PYTHONUNBUFFERED"
     r"|PYTHONDONTWRITEBYTECODE|KUBE_CACHE_DIR"
 )
 #: The longest wait for the zygote's imports and for a reply to a request.
@@ -136,6 +139,17 @@ class ForkedProcess:
         self.pid = pid
         self.stdout: io.TextIOWrapper | None = stdout
         self.returncode: int | None = None
+
+    def __del__(self) -> None:
+        # As Popen's: a process the test never waited for is a leak, and the suite makes
+        # warnings errors.
+        if self.returncode is None and self.pid not in self._client._statuses:
+            warnings.warn(
+                f"subprocess {self.pid} is still running",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -168,7 +182,8 @@ class _Client:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        base = os.environ if _BASELINE is None else _BASELINE
+        env = {k: v for k, v in base.items() if k != "PYTEST_CURRENT_TEST"}
         env["PYTHONUNBUFFERED"] = "1"
         self.env = env
         self.sock = ours
@@ -238,8 +253,14 @@ class _Client:
                 ident = self._next
             request = {"id": ident, "argv": args[1:], "cwd": cwd, "env": dict(env)}
             request["session"] = session
-            # A child inherits the signal mask of the thread that starts it.
+            # A child inherits the signal mask of the thread that starts it, and what its
+            # parent ignores (Popen's restore_signals gives back the three Python ignores).
             request["mask"] = sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+            request["ignored"] = [
+                int(sig)
+                for sig in signal.valid_signals()
+                if sig not in _PYTHON_IGNORES and signal.getsignal(sig) is signal.SIG_IGN
+            ]
             socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
             with self._cond:
                 self._cond.wait_for(
@@ -248,12 +269,12 @@ class _Client:
                 reply = self._replies.pop(ident, None)
         return None if reply is None else reply.get("pid")
 
-    def forkable(self, env: Mapping[str, str], *, captured: bool = False) -> bool:
+    def forkable(self, env: Mapping[str, str]) -> bool:
         """Whether a child with ``env`` behaves as a fresh interpreter would (the
-        zygote's children are unbuffered: the same output, once ``captured`` whole)."""
-        if env.get("PYTHONUNBUFFERED") != "1" and not captured:
+        zygote's children are unbuffered: a buffered one loses what it printed when it
+        dies by a signal or ``os._exit``)."""
+        if env.get("PYTHONUNBUFFERED") != "1":
             return False
-        env = {**env, "PYTHONUNBUFFERED": "1"}
         for name in set(env) | set(self.env):
             if env.get(name) != self.env.get(name) and not RUN_TIME_VARIABLES.fullmatch(name):
                 return False
@@ -261,6 +282,22 @@ class _Client:
 
 
 _CLIENT: _Client | None = None
+#: The environment the zygote starts with (see :func:`remember_environment`).
+_BASELINE: dict[str, str] | None = None
+#: Signals a fresh interpreter ignores itself, and Popen restores to their default.
+_PYTHON_IGNORES = frozenset(
+    getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name)
+)
+
+
+def remember_environment() -> None:
+    """Take this process's environment now (pytest's configuration, before any test's
+    ``monkeypatch.setenv``) as the zygote's: a server started by a test whose changes
+    are all run-time variables is forked, others get a fresh interpreter."""
+    global _BASELINE
+    _BASELINE = dict(os.environ)
+
+
 _CLIENT_LOCK = threading.Lock()
 
 
@@ -273,7 +310,7 @@ def _program(args: list[str]) -> bool:
     return not args[1].startswith("-")
 
 
-def _client(args: list[str], env: Mapping[str, str], fresh: bool, captured: bool) -> _Client | None:
+def _client(args: list[str], env: Mapping[str, str], fresh: bool) -> _Client | None:
     """This process's zygote, if it can run ``args`` with ``env``."""
     global _CLIENT
     if fresh or os.environ.get(FRESH_ENV) == "1" or not _program(args):
@@ -282,7 +319,7 @@ def _client(args: list[str], env: Mapping[str, str], fresh: bool, captured: bool
         if _CLIENT is None:
             _CLIENT = _Client()
         client = _CLIENT
-    return client if client.forkable(env, captured=captured) else None
+    return client if client.forkable(env) else None
 
 
 def _fork(
@@ -303,7 +340,7 @@ def popen(
 ) -> Any:
     """A process running ``args`` whose merged output is its ``stdout`` (text): forked by
     the zygote when it can be, else ``subprocess.Popen``."""
-    client = _client(args, env, fresh, captured=False)
+    client = _client(args, env, fresh)
     if client is None:
         return subprocess.Popen(
             args,
@@ -332,7 +369,7 @@ def run(
     when it can be.  A process still running at ``timeout`` is killed and
     ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` does."""
     env = dict(os.environ if env is None else env)
-    client = _client(args, env, fresh, captured=True)
+    client = _client(args, env, fresh)
     if client is None:
         return subprocess.run(
             args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
@@ -353,15 +390,17 @@ def run(
     ]
     for reader in readers:
         reader.start()
+    deadline = time.monotonic() + timeout
     try:
         code = process.wait(timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(REPLY_TIMEOUT_S)
         raise
-    finally:
-        for reader in readers:
-            reader.join(REPLY_TIMEOUT_S)
+    for reader in readers:  # a child of the process may still hold the pipes
+        reader.join(max(0.0, deadline - time.monotonic()))
+        if reader.is_alive():
+            raise subprocess.TimeoutExpired(args, timeout)
     return subprocess.CompletedProcess(
         args, code, captured.get(out_read, ""), captured.get(err_read, "")
     )
@@ -371,17 +410,19 @@ def run(
 
 
 def _preload() -> None:
-    import warnings
-
     for name in PRELOAD:
         # ``python -m package`` warns if the package's __main__ was imported before.
         assert not name.endswith("__main__"), name
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            probe = warnings.filters[0]
             try:
                 importlib.import_module(name)
             except ImportError:
                 continue
+            kept = [f for f in warnings.filters if f is not probe]
+        warnings.filters[:] = kept
+        warnings._filters_mutated()  # type: ignore[attr-defined]
         if caught:
             raise SystemExit(f"zygote: importing {name} warned: {caught[0].message}")
     if threading.active_count() != 1:
@@ -444,10 +485,37 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
                     sock.send(json.dumps({"exit": pid, "status": code}).encode())
 
 
+def _trimmed(hook: Any) -> Any:
+    """``hook`` shown the traceback a fresh interpreter has: without the frames of the
+    zygote's own start (runpy's two, this module's, ``_become``)."""
+
+    def excepthook(typ: Any, value: Any, tb: Any) -> None:
+        frame = tb
+        while frame is not None:
+            if frame.tb_frame.f_code is _become.__code__:
+                tb = frame.tb_next
+                if isinstance(value, BaseException):
+                    value.__traceback__ = tb  # what the display prints
+                break
+            frame = frame.tb_next
+        hook(typ, value, tb)
+
+    excepthook.__wrapped__ = hook  # type: ignore[attr-defined]
+    return excepthook
+
+
 def _become(request: dict[str, Any]) -> None:
     """In the forked child: become the requested program (its exceptions and exit unwind
     to the interpreter, which ends as it would for ``python -m``)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, request["mask"])
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP) or sig in _PYTHON_IGNORES:
+            continue
+        ignored = signal.getsignal(sig) is signal.SIG_IGN
+        if sig in request["ignored"] and not ignored:
+            signal.signal(sig, signal.SIG_IGN)
+        elif ignored and sig not in request["ignored"]:
+            signal.signal(sig, signal.SIG_DFL)
     if request["session"]:
         os.setsid()
     out, err = request["fds"] if len(request["fds"]) == 2 else request["fds"] * 2
@@ -463,7 +531,12 @@ def _become(request: dict[str, Any]) -> None:
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     importlib.invalidate_caches()
     argv = request["argv"]
-    extra = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.excepthook = _trimmed(sys.excepthook)
+    # As getpath does: every PYTHONPATH entry made absolute ("" is the directory), in
+    # place of the zygote's own.
+    value = env.get("PYTHONPATH", "")
+    extra = [os.path.abspath(entry) for entry in value.split(os.pathsep)] if value else []
+    sys.path[1:] = _BASE_PATH
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     if argv[0] == "-m":
@@ -475,21 +548,34 @@ def _become(request: dict[str, Any]) -> None:
     elif argv[0] == "-c":
         sys.path[:1] = ["", *extra]
         sys.argv = ["-c", *argv[2:]]
-        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+        main.__loader__ = importlib.machinery.BuiltinImporter
+        exec(compile(argv[1], "<string>", "exec", dont_inherit=True), main.__dict__)
     else:
         script = os.path.join(cwd, argv[0])
         sys.path[:1] = [os.path.dirname(os.path.realpath(script)), *extra]
         sys.argv = list(argv)
-        main.__file__ = argv[0]
-        with open(script, "rb") as source:
-            code = compile(source.read(), argv[0], "exec")
-        exec(code, main.__dict__)
+        main.__file__ = script
+        main.__cached__ = None
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+        try:
+            with open(script, "rb") as source:
+                text = source.read()
+        except OSError as exc:
+            print(
+                f"{sys.executable}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+        exec(compile(text, script, "exec", dont_inherit=True), main.__dict__)
 
 
 if __name__ == "__main__":
     # Its children get the mask of the thread that asks for them, not the one that
     # happened to start the zygote.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _own = os.environ.get("PYTHONPATH", "")
+    #: sys.path after the script's directory and the zygote's own PYTHONPATH entries.
+    _BASE_PATH = sys.path[1 + (len(_own.split(os.pathsep)) if _own else 0) :]
     _preload()
     _request = _serve(socket.socket(fileno=int(sys.argv[1])))
     if _request is not None:
