@@ -259,13 +259,15 @@ class _Supervisor:
             self._start_reload()
             return
         if not self.stopping:
+            # Not ready from here on (the management port reads ``stopping``): before the
+            # log line, whose write may wait on a slow pipe.
+            self._stop()
             logger.info(
                 "%s: stopping %d workers (pids %s)",
                 signal_name(signum),
                 len(self.workers),
                 ", ".join(str(w.proc.pid) for w in self.workers),
             )
-            self._stop()
         for worker in self.workers:
             self._signal(worker, signum)
 
