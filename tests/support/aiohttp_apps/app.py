@@ -10,6 +10,7 @@
 Routes:
     ``/``                 ``hello`` (``x-backend`` from ``GRACEFUL_DEMO_NAME``)
     ``/slow?s=2``         answers after 2 seconds
+    ``/held?f=PATH``      answers once the file PATH exists
     ``/stream?n=5``       a streamed (prepared) response, one chunk per 0.1 s
     ``/events``           server-sent events until draining begins (graceful modes only)
     ``/ws``               a websocket echo; ``/ws?stubborn=1`` never ends by itself
@@ -48,6 +49,14 @@ async def slow(request: web.Request) -> web.Response:
     say(f"slow request started ({seconds:g} s)")
     await asyncio.sleep(seconds)
     return web.Response(text=f"slept {seconds:g}\n", headers={"x-backend": NAME})
+
+
+async def held(request: web.Request) -> web.Response:
+    """Answer once the test creates the file named by ``?f=`` (polled every 10 ms)."""
+    say("slow request started (held)")
+    while not os.path.exists(request.query["f"]):  # noqa: ASYNC110, ASYNC240 - another process makes it
+        await asyncio.sleep(0.01)
+    return web.Response(text="released\n", headers={"x-backend": NAME})
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
@@ -122,6 +131,7 @@ def make_app() -> web.Application:
     app = web.Application()
     app.router.add_get("/", hello)
     app.router.add_get("/slow", slow)
+    app.router.add_get("/held", held)
     app.router.add_get("/stream", stream)
     app.router.add_get("/ws", websocket)
     app.router.add_get("/events", events)

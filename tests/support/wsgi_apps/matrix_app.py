@@ -1,8 +1,9 @@
 """A plain WSGI app answering as the server matrix's ASGI app does
 (``tests.support.hypercorn_apps.asgi_app``, ``examples.asgi_app``), for its gunicorn
 WSGI row: ``/`` answers ``hello``, ``/slow?s=N`` prints ``slow request started (N s)``
-and answers ``slept N`` after N seconds; anything else is 404.  WSGI has no lifespan
-and no websockets: the row says so (``tests/matrix/test_server_matrix.py``).
+and answers ``slept N`` after N seconds, ``/held?f=PATH`` prints ``slow request started
+(held)`` and answers ``released`` once the file PATH exists; anything else is 404.  WSGI
+has no lifespan and no websockets: the row says so (``tests/matrix/test_server_matrix.py``).
 
     gunicorn -k graceful.gunicorn.ThreadWorker --threads 4 \\
         --http-protocols h2,h1 --http2-cleartext both tests.support.wsgi_apps.matrix_app:app
@@ -10,6 +11,7 @@ and no websockets: the row says so (``tests/matrix/test_server_matrix.py``).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -37,6 +39,12 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
         say(f"slow request started ({seconds:g} s)")  # tests wait for this line
         time.sleep(seconds)  # the behaviour under test: a request that takes this long
         body = f"slept {seconds:g}\n".encode()
+    elif path == "/held":
+        held = parse_qs(environ.get("QUERY_STRING", ""))["f"][0]
+        say("slow request started (held)")
+        while not os.path.exists(held):  # the test creates it
+            time.sleep(0.01)
+        body = b"released\n"
     else:
         start_response("404 Not Found", [_TEXT, ("Content-Length", "10")])
         return [b"not found\n"]
