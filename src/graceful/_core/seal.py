@@ -130,10 +130,13 @@ _PASSING_ON: Final = frozenset({"subprocess.Popen", "os.posix_spawn", "os.system
 _AUDITED: Final = _PASSING_ON | {"socket.bind", "socket.sendmsg"}
 
 
-def _audit(event: str, args: tuple[Any, ...]) -> None:
+def _audit(event: str, args: tuple[Any, ...], _audited: frozenset[str] = _AUDITED) -> None:
     """Record the TCP sockets bound here; forget them all when anything may pass them
-    on.  Called for every audit event of the process: one set lookup for the others."""
-    if event not in _AUDITED:
+    on.  Called for every audit event of the process: one set lookup for the others.
+    The set is bound here: an audit hook outlives its module's globals, which the
+    interpreter's shutdown sets to ``None`` (the lookup then printed "Exception ignored
+    in audit hook" for events at exit)."""
+    if event not in _audited:
         return
     try:
         if event == "socket.bind":
