@@ -25,17 +25,17 @@ SA_KUBECONFIG: dict[int, Path] = {}
 NOBODY_TOKEN = "nobody-" + os.urandom(8).hex()
 
 
-#: The rollouts at a 5 s kube-proxy sync, in three groups of about the same length.
-_SLOW_SYNC_B = ("serve-until-killed", "refuse-immediately --kubernetes")
-_SLOW_SYNC_C = ("granian",)
+#: The rollouts at a 5 s kube-proxy sync, in two groups of about the same length.
+_SLOW_SYNC_B = ("serve-until-killed", "refuse-immediately --kubernetes", "granian")
 
 
 def _xdist_group(item: pytest.Item) -> str:
     """Under pytest-xdist (``--dist loadgroup``) the tests of a group share a worker and
     so its control planes (one per sync period, started once per worker): the demo
     (which runs its own), the other tests, the rollouts at a 1 s sync, and the slower
-    rollouts at a 5 s sync in three parts (granian's rows the third) — six groups of one
-    to one and a half minutes each, instead of one of seven."""
+    rollouts at a 5 s sync in two parts — five groups of one to two minutes each, instead
+    of one of seven (each group starts its control planes: fewer is less CPU at the
+    start, when every worker starts)."""
     if Path(item.path).name == "test_demo.py":
         return "kubernetes-demo"
     callspec = getattr(item, "callspec", None)
@@ -44,8 +44,6 @@ def _xdist_group(item: pytest.Item) -> str:
     if callspec.params["sync"] == 1.0:
         return "kubernetes-rollout-sync-1"
     server = str(callspec.params.get("server", ""))
-    if any(part in server for part in _SLOW_SYNC_C):
-        return "kubernetes-rollout-sync-5-c"
     half = "b" if any(part in server for part in _SLOW_SYNC_B) else "a"
     return f"kubernetes-rollout-sync-5-{half}"
 

@@ -20,7 +20,8 @@ the zygote's in a variable that is not known to be read only at run time (``PYTH
 start-up settings, ``PROMETHEUS_MULTIPROC_DIR``, ``WEB_CONCURRENCY``…), ``pass_fds``, or
 ``GRACEFUL_TESTS_FRESH=1`` in the environment, which turns the zygote off for a whole run
 (``.ci/run`` runs the other Python versions' subsets that way).  A test about start-up
-itself passes ``fresh=True`` to :class:`tests.support.servers.ServerProcess`.
+itself can pass ``fresh=True`` to :class:`tests.support.servers.ServerProcess`;
+``tests/test_zygote.py`` runs servers both ways and compares what they print.
 
 The zygote is one process per pytest worker, started at the first server: a
 ``SOCK_SEQPACKET`` pair carries a JSON request with the pipe's descriptor attached, the
@@ -508,8 +509,12 @@ def _become(request: dict[str, Any]) -> None:
     """In the forked child: become the requested program (its exceptions and exit unwind
     to the interpreter, which ends as it would for ``python -m``)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, request["mask"])
+    # SIGINT: ignored by the zygote (a Ctrl-C meant for pytest), Python's own handler in
+    # a fresh interpreter unless its parent ignored it.
+    ignore_int = signal.SIGINT in request["ignored"]
+    signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_int else signal.default_int_handler)
     for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP) or sig in _PYTHON_IGNORES:
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGINT) or sig in _PYTHON_IGNORES:
             continue
         ignored = signal.getsignal(sig) is signal.SIG_IGN
         if sig in request["ignored"] and not ignored:
@@ -573,6 +578,9 @@ if __name__ == "__main__":
     # Its children get the mask of the thread that asks for them, not the one that
     # happened to start the zygote.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    # A Ctrl-C at the terminal reaches the whole process group: pytest tears the tests'
+    # servers down, and needs the zygote for their exit statuses.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own = os.environ.get("PYTHONPATH", "")
     #: sys.path after the script's directory and the zygote's own PYTHONPATH entries.
     _BASE_PATH = sys.path[1 + (len(_own.split(os.pathsep)) if _own else 0) :]

@@ -259,8 +259,7 @@ class _Supervisor:
             self._start_reload()
             return
         if not self.stopping:
-            # Not ready from here on (the management port reads ``stopping``): before the
-            # log line, whose write may wait on a slow pipe.
+            # Not ready from here on (``stopping``), before the line (a write may wait).
             self._stop()
             logger.info(
                 "%s: stopping %d workers (pids %s)",
