@@ -210,8 +210,7 @@ class GracefulMiddleware:
                 assert handler is not None
                 self._health[path] = handler
         self._signal = DrainSignal(coordinator)
-        #: The handler of each health (and metrics) path (read-only; servers that take
-        #: over the HTTP hot path send these paths to the middleware).
+        #: Each health (and metrics) path's handler (read-only; hot-path servers send here).
         self.health_endpoints: Final = self._health
         #: The ``DrainSignal`` put in every request's scope.
         self.drain_signal: Final = self._signal

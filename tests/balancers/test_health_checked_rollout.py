@@ -93,6 +93,7 @@ class CheckedBalancer:
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.balancer.start(), self.loop).result(10)
         self._checks: list[asyncio.Task[None]] = []
+        self._closing = False
 
     def check(self, backend: Backend) -> None:
         """Start checking ``backend``; it joins the rotation after ``RISE`` good checks."""
@@ -106,7 +107,7 @@ class CheckedBalancer:
         return any(b.name == name for b in self.balancer.backends)
 
     async def _check(self, backend: Backend) -> None:
-        while True:
+        while not self._closing:
             started = self.loop.time()
             ok = await _probe(backend.check_port or backend.port)
             backend.good, backend.bad = (backend.good + 1, 0) if ok else (0, backend.bad + 1)
@@ -122,12 +123,16 @@ class CheckedBalancer:
 
     def close(self) -> None:
         async def stop() -> None:
-            for check in self._checks:
-                check.cancel()
-            await asyncio.gather(*self._checks, return_exceptions=True)
-            await self.balancer.stop()  # it lets the aborted transports close
+            # A cancel can be lost (Python 3.11's wait_for swallows one that lands as
+            # the awaited connection completes): the checks also end at their next turn.
+            self._closing = True
+            while pending := [check for check in self._checks if not check.done()]:
+                for check in pending:
+                    check.cancel()
+                await asyncio.wait(pending, timeout=1)
+            await self.balancer.stop()  # it lets the aborted transports close (<= 6 s)
 
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(20)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()

@@ -5,11 +5,11 @@ declared once in ``graceful._options``; a bad value is one line naming the optio
 exit status 2, before anything starts.
 
 Each part of ``graceful run`` is one module: this one parses the command line, checks
-it and starts what it asks for (``main``); ``_run_command`` builds the click command
-from our options and uvicorn's, and its ``--help``; ``_run_servers`` serves in one
-process, with uvicorn, hypercorn or aiohttp; ``_run_address`` checks and binds the
-address; ``_run_workers`` is the ``--workers`` parent, and ``_run_tasks`` the queue its
-main thread waits on.
+it and starts what it asks for (``main``); ``command`` builds the click command from
+our options and uvicorn's, and its ``--help``; ``servers`` serves in one process, with
+uvicorn, hypercorn, aiohttp or granian; ``address`` checks and binds the address;
+``workers`` is the ``--workers`` parent, and ``tasks`` the queue its main thread
+waits on.
 
 Exit status: 0 after a graceful shutdown, 1 if a worker had to be killed or failed, 2 for
 bad usage, 3 if the app could not start.

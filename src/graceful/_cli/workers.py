@@ -279,8 +279,7 @@ class _Supervisor:
         """No more restarts; SIGKILL what is left at the kill deadline."""
         self.stopping = True
         self.reload = None
-        # No worker will be started any more; our copy of the socket would keep it
-        # open (and its backlog unserved) once the last worker closed its listener.
+        # No new worker: our copy would keep the socket (and its backlog) past the last.
         self.sock.close()
         if status is not None:
             self.status = status
