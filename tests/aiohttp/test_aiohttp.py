@@ -283,7 +283,7 @@ def test_rolling_restart(mode: str, options: dict[str, str], fails: bool) -> Non
     fails with graceful's ``run_app``; with stock ``run_app`` some do."""
     requests, failed, results = asyncio.run(rolling_restart(mode, options))
     print(f"\n{mode}: {failed} of {requests} requests failed: {results}")
-    assert requests > 200
+    assert requests > 60  # traffic across the restart: a floor, not a throughput claim
     if fails:
         assert failed > 0, results  # stock aiohttp refuses new connections at SIGTERM
     else:

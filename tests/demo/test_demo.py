@@ -21,6 +21,9 @@ from graceful._core.events import parse_event
 from tests.support.servers import ROOT
 
 SVG = "{http://www.w3.org/2000/svg}"
+#: Traffic enough that "none failed" means something: a floor, not a throughput claim
+#: (the demo runs for a set time, and this machine is shared; benchmarks/ measure rates).
+MIN_REQUESTS = 30
 
 
 def _demo(*options: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
@@ -67,7 +70,7 @@ def test_demo_shows_zero_failures_for_accept_until_idle(tmp_path: Path) -> None:
     }
     assert set(rows) == {"uvicorn", "graceful:accept-until-idle"}, result.stdout
     requests, failed = rows["graceful:accept-until-idle"]
-    assert requests > 100
+    assert requests > MIN_REQUESTS
     assert failed == 0, result.stdout
     assert rows["uvicorn"][1] > 0, result.stdout  # stock uvicorn refuses during propagation
     assert "exited 0 at" in result.stdout
@@ -140,7 +143,7 @@ def test_demo_runs_hypercorn_and_aiohttp_stock_and_graceful(tmp_path: Path) -> N
     for name in servers:
         assert name in result.stdout  # the table has a row for it
         outcome = outcomes[name]
-        assert outcome["requests"] > 100, outcome
+        assert outcome["requests"] > MIN_REQUESTS, outcome
         assert outcome["a_ended"] == "exited 0", outcome
         if outcome["policy"] is None:  # stock: the listener closes at SIGTERM
             assert outcome["failed"] > 0, outcome
@@ -175,7 +178,7 @@ def test_demo_runs_granian_stock_and_graceful(tmp_path: Path) -> None:
     for name in servers:
         assert name in result.stdout  # the table has a row for it
         outcome = outcomes[name]
-        assert outcome["requests"] > 100, outcome
+        assert outcome["requests"] > MIN_REQUESTS, outcome
         assert outcome["a_ended"] == "exited 0", outcome
         if outcome["policy"] is None:  # stock: granian's listener closes at SIGTERM
             assert outcome["results"]["refused"] > 0, outcome
@@ -208,7 +211,7 @@ def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
     assert list(outcomes) == servers
     for name in servers:
         outcome = outcomes[name]
-        assert outcome["requests"] > 50, outcome
+        assert outcome["requests"] > MIN_REQUESTS, outcome
         assert outcome["a_ended"] == "exited 0", outcome  # not SIGKILLed
         if outcome["policy"] is None:
             assert outcome["failed"] > 0, outcome

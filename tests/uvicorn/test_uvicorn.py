@@ -53,7 +53,7 @@ def test_rolling_restart(server: str, fails: bool) -> None:
     )  # fmt: skip
     outcome = asyncio.run(demo.run_scenario(args.kinds[0], args))
     tally = outcome.tally
-    assert tally.requests > 100  # load throughout (190 seen on a machine running 3 suites)
+    assert tally.requests > 60  # traffic across the restart: a floor, not a throughput claim
     assert outcome.terminating is not None
     assert outcome.terminating.ended != "killed"
     if fails:
