@@ -102,9 +102,14 @@ def test_probes_on_the_management_port_are_not_traffic(
     readiness: list[int] = []
     deadline = time.monotonic() + 20
     while not process.has_line(r"accepting -> draining") and time.monotonic() < deadline:
-        readiness.append(get(management, "/readyz")[0])
+        try:
+            readiness.append(get(management, "/readyz")[0])
+        except ConnectionRefusedError:
+            # The process drained and closed its port before its output reached us (the
+            # reader lags under load): the lines below still show how the window ended.
+            break
         time.sleep(0.1)  # the probe period of this scenario
-    line = process.wait_for_line(r"accepting -> draining: (.*)", timeout_s=1).group(1)
+    line = process.wait_for_line(r"accepting -> draining: (.*)", timeout_s=5).group(1)
     # The window is a second; the line gives what was measured (1.01 s on a busy loop).
     assert re.match(r"no new connection for 1(\.\d+)? s", line), process.output()
     assert set(readiness) == {503}, readiness
