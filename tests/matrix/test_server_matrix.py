@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -411,15 +410,14 @@ def test_request_in_flight_at_sigterm_completes(
     ids=["accept-until-idle", "serve-until-killed", "refuse-immediately"],
 )
 def test_new_connections_served_while_accepting_then_refused_once_draining(
-    launch: Launch, row: Row, policy: str, accepts: bool, tmp_path: Path
+    launch: Launch, row: Row, policy: str, accepts: bool
 ) -> None:
     """After SIGTERM a new connection is served while the policy accepts (the balancer
     may still send one); once draining begins the listener is closed: a new connection
     is refused, not reset, while a request in flight still finishes."""
     server = launch(policy)
     holder = RawHTTP(server.port)
-    release = tmp_path / "release"
-    holder.send(f"/held?f={release}")  # keeps the process alive while draining
+    holder.send("/held", headers="content-length: 1\r\n")  # in flight until its body comes
     server.wait_for_line(SLOW_STARTED)
     server.signal(signal.SIGTERM)
     server.wait_for_line(ACCEPTING)
@@ -430,7 +428,7 @@ def test_new_connections_served_while_accepting_then_refused_once_draining(
     server.wait_for_line(DRAINING)
     row.listeners_closed(server)
     assert connection_refused(server.port)
-    release.touch()
+    holder.sock.sendall(b"x")
     assert holder.response()[:3:2] == (200, b"released\n")
     assert server.wait_exit() == 0
 

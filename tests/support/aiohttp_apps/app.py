@@ -10,7 +10,7 @@
 Routes:
     ``/``                 ``hello`` (``x-backend`` from ``GRACEFUL_DEMO_NAME``)
     ``/slow?s=2``         answers after 2 seconds
-    ``/held?f=PATH``      answers once the file PATH exists
+    ``/held``             answers once its body has come
     ``/stream?n=5``       a streamed (prepared) response, one chunk per 0.1 s
     ``/events``           server-sent events until draining begins (graceful modes only)
     ``/ws``               a websocket echo; ``/ws?stubborn=1`` never ends by itself
@@ -52,10 +52,9 @@ async def slow(request: web.Request) -> web.Response:
 
 
 async def held(request: web.Request) -> web.Response:
-    """Answer once the test creates the file named by ``?f=`` (polled every 10 ms)."""
+    """Answer once the request's body has come (a test withholds its last byte)."""
     say("slow request started (held)")
-    while not os.path.exists(request.query["f"]):  # noqa: ASYNC110, ASYNC240 - another process makes it
-        await asyncio.sleep(0.01)
+    await request.read()
     return web.Response(text="released\n", headers={"x-backend": NAME})
 
 

@@ -2,11 +2,12 @@
 matrix's ASGI rows (``graceful run`` and ``graceful.hypercorn``).
 
 ``/ws?stubborn=1`` accepts the websocket and then never receives, sends or returns: only
-a cut ends it (as ``/ws?stubborn=1`` of the aiohttp test app).  ``/held?f=PATH`` prints
-``slow request started (held)`` and answers ``released`` once the file PATH exists: a
-request in flight for exactly as long as a test needs one.  ``/after?s=1`` answers at
-once and works on for a second after its response (a background task).  Everything else
-goes to the example app unchanged, lifespan included.  With
+a cut ends it (as ``/ws?stubborn=1`` of the aiohttp test app).  ``/held`` prints
+``slow request started (held)`` and answers ``released`` once its body has come: a
+request in flight for exactly as long as a test withholds the body's last byte.
+``/after?s=1`` answers at once and works on for a second after its response (a
+background task).  Everything else goes to the example app unchanged, lifespan included.
+With
 ``TEST_WRAPPING_TASK_FACTORY=1`` (asyncio) every task's coroutine runs inside a wrapper
 coroutine, as tracing integrations' task factories do.
 """
@@ -17,20 +18,21 @@ import asyncio
 import os
 import sys
 from typing import Any
-from urllib.parse import unquote
 
 import anyio
 
 from examples.asgi_app import app as example_app
 
 
-async def held(scope: Any, send: Any) -> None:
-    """Answer once the test creates the file named by ``?f=`` (polled every 10 ms)."""
-    path = unquote(scope["query_string"].decode().partition("f=")[2])
+async def held(receive: Any, send: Any) -> None:
+    """Answer once the request's body has come: a test sends its last byte when the
+    request may end."""
     sys.stdout.write("slow request started (held)\n")
     sys.stdout.flush()
-    while not os.path.exists(path):  # noqa: ASYNC110, ASYNC240 - another process makes it
-        await anyio.sleep(0.01)
+    while (message := await receive())["type"] == "http.request" and message.get("more_body"):
+        pass
+    if message["type"] == "http.disconnect":
+        return
     await send(
         {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"9")]}
     )
@@ -69,7 +71,7 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan" and os.environ.get("TEST_WRAPPING_TASK_FACTORY"):
         wrap_tasks()
     if scope["type"] == "http" and scope["path"] == "/held":
-        await held(scope, send)
+        await held(receive, send)
         return
     if scope["type"] == "http" and scope["path"] == "/after":
         await work_after_the_response(scope, send)

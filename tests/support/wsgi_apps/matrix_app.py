@@ -1,8 +1,8 @@
 """A plain WSGI app answering as the server matrix's ASGI app does
 (``tests.support.hypercorn_apps.asgi_app``, ``examples.asgi_app``), for its gunicorn
 WSGI row: ``/`` answers ``hello``, ``/slow?s=N`` prints ``slow request started (N s)``
-and answers ``slept N`` after N seconds, ``/held?f=PATH`` prints ``slow request started
-(held)`` and answers ``released`` once the file PATH exists; anything else is 404.  WSGI
+and answers ``slept N`` after N seconds, ``/held`` prints ``slow request started (held)``
+and answers ``released`` once its body has come; anything else is 404.  WSGI
 has no lifespan and no websockets: the row says so (``tests/matrix/test_server_matrix.py``).
 
     gunicorn -k graceful.gunicorn.ThreadWorker --threads 4 \\
@@ -11,7 +11,6 @@ has no lifespan and no websockets: the row says so (``tests/matrix/test_server_m
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -40,10 +39,8 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
         time.sleep(seconds)  # the behaviour under test: a request that takes this long
         body = f"slept {seconds:g}\n".encode()
     elif path == "/held":
-        held = parse_qs(environ.get("QUERY_STRING", ""))["f"][0]
         say("slow request started (held)")
-        while not os.path.exists(held):  # the test creates it
-            time.sleep(0.01)
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))  # the test's
         body = b"released\n"
     else:
         start_response("404 Not Found", [_TEXT, ("Content-Length", "10")])
