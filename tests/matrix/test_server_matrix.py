@@ -385,14 +385,18 @@ def test_request_in_flight_at_sigterm_completes(
     """A request in flight at SIGTERM gets its whole response; it carries
     ``Connection: close`` unless the policy keeps serving keep-alive while accepting
     (serve-until-killed), whose connection is closed once draining begins instead.  The
-    phases come in order, the app's shutdown runs after draining began."""
+    phases come in order, the app's shutdown runs after draining began.  The request
+    waits for its body's last byte, which the test sends once the server has acted on
+    the signal (accepting began, or draining for refuse-immediately)."""
     server = launch(policy)
     client = RawHTTP(server.port)
-    client.send("/slow?s=1")
+    client.send("/held", headers="content-length: 1\r\n")
     server.wait_for_line(SLOW_STARTED)
     server.signal(signal.SIGTERM)
+    server.wait_for_line(DRAINING if policy == "refuse-immediately" else ACCEPTING)
+    client.sock.sendall(b"x")
     status, headers, body = client.response()
-    assert (status, body) == (200, b"slept 1\n")
+    assert (status, body) == (200, b"released\n")
     assert (headers.get("connection") == "close") is nudged, headers
     assert client.closed_by_peer()
     assert server.wait_exit() == 0
@@ -531,7 +535,7 @@ def test_idle_keep_alive_may_send_one_more_request_at_draining(launch: Launch, r
     client could not know yet) is answered, with ``Connection: close``, not dropped."""
     server = launch("refuse-immediately")
     holder = RawHTTP(server.port)
-    holder.send("/slow?s=2")  # keeps the drain going
+    holder.send("/held", headers="content-length: 1\r\n")  # keeps the drain going
     server.wait_for_line(SLOW_STARTED)
     idle = RawHTTP(server.port)
     assert idle.get("/")[0] == 200
@@ -541,7 +545,8 @@ def test_idle_keep_alive_may_send_one_more_request_at_draining(launch: Launch, r
     assert status == 200
     assert headers["connection"] == "close"
     assert idle.closed_by_peer()
-    assert holder.response()[0] == 200
+    holder.sock.sendall(b"x")  # the held request's last byte: the drain can end
+    assert holder.response()[:3:2] == (200, b"released\n")
     assert server.wait_exit() == 0
 
 
@@ -679,13 +684,16 @@ def test_prestop_endpoint_blocks_until_drained(launch: Launch, row: Row) -> None
     drain is done (the request in flight finished first); the kubelet's SIGTERM that
     follows ends the process cleanly."""
     server = launch("refuse-immediately", prestop_path="/prestop")
-    slow = RawHTTP(server.port)
-    slow.send("/slow?s=1")
+    held = RawHTTP(server.port)
+    held.send("/held", headers="content-length: 1\r\n")  # in flight until its body comes
     server.wait_for_line(SLOW_STARTED)
     prestop = RawHTTP(server.port)
     prestop.send("/prestop")
     server.wait_for_line(r"serving -> accepting: preStop")
-    assert slow.response()[0] == 200
+    server.wait_for_line(DRAINING)
+    assert not prestop.has_data()  # the preStop hook waits for the drain
+    held.sock.sendall(b"x")
+    assert held.response()[:3:2] == (200, b"released\n")
     status, _, body = prestop.response()
     assert status == 200
     assert b"0 requests, 0 sessions left" in body

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import os
 import re
+import select
 import signal
 import socket
 import ssl
@@ -387,6 +388,11 @@ class RawHTTP:
     def get(self, path: str) -> tuple[int, dict[str, str], bytes]:
         self.send(path)
         return self.response()
+
+    def has_data(self) -> bool:
+        """Whether the server sent something not read yet, or closed (no waiting)."""
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        return bool(self._buffer) or bool(readable)
 
     def closed_by_peer(self, timeout_s: float = 10.0) -> bool:
         """Wait until the server closes the connection (EOF or reset)."""
