@@ -114,14 +114,14 @@ PRELOAD = (
     "graceful.gunicorn",
 )
 #: Variables the child's environment may change from the zygote's: read at run time only
-#: (graceful's options, the test apps' switches, pytest's own).  Any other difference
-#: — a ``PYTHON*`` start-up setting, a variable a preloaded package reads at import such
-#: as ``WEB_CONCURRENCY`` (gunicorn's default) or ``AIOHTTP_NO_EXTENSIONS`` — needs a
-#: fresh interpreter.
+#: (graceful's options, the test apps' switches, pytest's own, click's completion).  Any
+#: other difference — a ``PYTHON*`` start-up setting, a variable a preloaded package
+#: reads at import such as ``WEB_CONCURRENCY`` (gunicorn's default) or
+#: ``AIOHTTP_NO_EXTENSIONS`` — needs a fresh interpreter.
 RUN_TIME_VARIABLES = re.compile(
     r"GRACEFUL_(?!TESTS_FRESH$).*|FAULTS_.*|SELFTEST_BREAK|RUN_COORDINATOR|ZTTP_CHANGE"
     r"|APP_IMPORT_DELAY|COLUMNS|LINES|PYTEST_.*|PYTHONPATH|PYTHONUNBUFFERED"
-    r"|PYTHONDONTWRITEBYTECODE|KUBE_CACHE_DIR"
+    r"|PYTHONDONTWRITEBYTECODE|KUBE_CACHE_DIR|COMP_WORDS|COMP_CWORD|_GRACEFUL_COMPLETE"
 )
 #: The longest wait for the zygote's imports and for a reply to a request.
 START_TIMEOUT_S = 60.0
