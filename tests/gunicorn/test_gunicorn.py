@@ -71,7 +71,11 @@ def test_sigterm_to_master_drains_both_workers(gunicorn: ServerProcess) -> None:
         clients.append(client)
     gunicorn.wait_for_line(r"slow request started", count=6)
     gunicorn.signal(signal.SIGTERM)
-    gunicorn.wait_for_line(r"serving -> accepting: SIGTERM .*SIGKILL expected in 10\.0 s", count=2)
+    # The master's --graceful-timeout from the signal's arrival, logged once the worker's
+    # loop acts on it (0.1 s later on a loaded machine).
+    gunicorn.wait_for_line(
+        r"serving -> accepting: SIGTERM .*SIGKILL expected in (10\.0|9\.\d) s", count=2
+    )
     assert RawHTTP(gunicorn.port).get("/")[0] == 200  # still accepting
     assert [client.response()[0] for client in clients] == [200] * 6
     assert gunicorn.wait_exit(timeout_s=15) == 0
