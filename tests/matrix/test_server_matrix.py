@@ -426,7 +426,7 @@ def test_new_connections_served_while_accepting_then_refused_once_draining(
     server.signal(signal.SIGTERM)
     server.wait_for_line(ACCEPTING)
     if accepts:
-        status, _, body = RawHTTP(server.port).get("/")
+        status, _, body = RawHTTP.get_once(server.port, "/")
         assert (status, body) == (200, b"hello\n")
         assert not server.has_line(DRAINING)
     server.wait_for_line(DRAINING)
@@ -511,6 +511,8 @@ def test_keep_alive_after_sigterm_is_nudged_per_policy(
     assert (headers.get("connection") == "close") is nudges, headers
     if nudges:
         assert client.closed_by_peer()
+    else:
+        client.close()  # kept open by the server: the client leaves (else idle_grace_s)
     assert server.wait_exit() == 0
 
 
@@ -668,14 +670,14 @@ def test_readiness_flips_to_503_at_sigterm_liveness_stays(launch: Launch, row: R
     """``/readyz`` answers 200 while serving and 503 from SIGTERM on (so the endpoint is
     taken out of rotation); ``/livez`` stays 200 (so nothing restarts the pod)."""
     server = launch("serve-until-killed")
-    assert RawHTTP(server.port).get("/readyz")[:1] == (200,)
-    assert RawHTTP(server.port).get("/livez")[:1] == (200,)
+    assert RawHTTP.get_once(server.port, "/readyz")[:1] == (200,)
+    assert RawHTTP.get_once(server.port, "/livez")[:1] == (200,)
     server.signal(signal.SIGTERM)
     server.wait_for_line(ACCEPTING)
-    status, _, body = RawHTTP(server.port).get("/readyz")
+    status, _, body = RawHTTP.get_once(server.port, "/readyz")
     assert status == 503
     assert body.startswith(b"shutting down")
-    assert RawHTTP(server.port).get("/livez")[:1] == (200,)
+    assert RawHTTP.get_once(server.port, "/livez")[:1] == (200,)
     assert server.wait_exit() == 0
 
 

@@ -354,6 +354,17 @@ class RawHTTP:
         while cls.opened:
             cls.opened.pop().close()
 
+    @classmethod
+    def get_once(cls, port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+        """``GET path`` on a connection of its own, closed after the response as a probe
+        or curl closes it: no idle keep-alive connection left for the drain to give its
+        ``idle_grace_s`` (a second) before closing it."""
+        client = cls(port)
+        try:
+            return client.get(path)
+        finally:
+            client.close()
+
     def send(self, path: str, *, headers: str = "") -> None:
         self.sock.sendall(f"GET {path} HTTP/1.1\r\nhost: test\r\n{headers}\r\n".encode())
 
