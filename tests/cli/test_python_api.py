@@ -52,8 +52,9 @@ def test_run_takes_the_grace_period_and_the_policy_by_their_python_names(server:
         )
         process.wait_for_line(RUNNING)
         process.signal(signal.SIGTERM)
-        # The kill deadline is the grace period; stopping gets the kill margin.
-        process.wait_for_line(r"serving -> accepting: SIGTERM .*SIGKILL expected in 7\.0 s")
+        # The kill deadline is the grace period from the signal's arrival (logged once the
+        # loop acts on it: 6.9 s on a loaded machine); stopping gets the kill margin.
+        process.wait_for_line(r"serving -> accepting: SIGTERM .*SIGKILL expected in (7\.0|6\.9) s")
         process.wait_for_line(r"accepting -> draining: no new connection for 0\.5")
         process.wait_for_line(STOPPED)
         assert process.wait_exit() == 0
