@@ -42,6 +42,9 @@ import os, sys, time
 sys.stdout.write("importing app\\n")
 sys.stdout.flush()
 time.sleep(float(os.environ.get("APP_IMPORT_DELAY", "0")))
+if os.environ.get("APP_ATEXIT_HANG"):
+    import atexit
+    atexit.register(lambda: (print("atexit handler hangs", flush=True), time.sleep(60)))
 from examples.asgi_app import app as example
 
 async def app(scope, receive, send):
@@ -472,6 +475,31 @@ def test_a_killed_worker_is_replaced(started: list[ServerProcess]) -> None:
     assert RawHTTP(server.port).get("/")[0] == 200
     server.signal(signal.SIGTERM)
     assert server.wait_exit() == 0
+
+
+def test_an_exit_that_hangs_after_a_complete_shutdown_is_a_warning_and_status_0(
+    started: list[ServerProcess], app_env: dict[str, str]
+) -> None:
+    """The drain is complete and nothing is left, but an ``atexit`` handler hangs: the
+    process still leaves at the last moment before SIGKILL, with status 0 and a warning
+    (nothing was lost: not an error).  Stock uvicorn re-raises SIGTERM once shut down and
+    dies of it (143) without running ``atexit`` handlers at all."""
+    server = start(
+        started,
+        "testapp:app",
+        *("--port", "0", "--policy", "refuse-immediately", "--grace-period", "2"),
+        *("--kill-margin", "0.5"),
+        env={**app_env, "APP_ATEXIT_HANG": "1"},
+    )
+    server.port = int(server.wait_for_line(r"running on http://127\.0\.0\.1:(\d+)").group(1))
+    assert RawHTTP.get_once(server.port, "/")[0] == 200
+    server.signal(signal.SIGTERM)
+    server.wait_for_line(r"atexit handler hangs")
+    assert server.wait_exit(timeout_s=10) == 0
+    line = server.wait_for_line(r".*still alive at the last moment before SIGKILL.*").group(0)
+    assert "WARNING" in line, line
+    assert "(phase stopped); exiting, abandoning 0 connections, 0 requests, 0 sessions" in line
+    assert not server.has_line(r"ERROR|Traceback"), server.output()
 
 
 def test_worker_that_does_not_stop_in_time_makes_the_parent_exit_1(

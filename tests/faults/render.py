@@ -80,7 +80,8 @@ EXIT_STATUSES = [
     ),
     (
         "the app would not stop by the kill deadline: hard exit",
-        "0 if stopping had finished (the interpreter's teardown was what hung), 1 if not",
+        "0 if stopping had finished (the interpreter's teardown was what hung: a warning "
+        "when nothing was left), 1 if not (an error)",
     ),
     (
         "SIGHUP, single process (not handled: default action)",

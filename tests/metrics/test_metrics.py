@@ -182,8 +182,9 @@ def test_gunicorn_workers_share_one_view(tmp_path: Path) -> None:
             slow.append(client)
         server.wait_for_line(r"slow request started", count=4)
         # The 4 slow requests are summed over both workers, plus the scrape in the worker
-        # that answers.  The other worker's file may still hold its own last scrape (it is
-        # rewritten every refresh_interval_s, 1 s), so the sum is 5 or, until then, 6.
+        # that answers.  The other worker's file is up to refresh_interval_s (1 s) old: it
+        # may still count that worker's own last scrape, so the sum is 5 or, until its
+        # next refresh, 6.
         m = poll(port, lambda m: m["graceful_requests_in_flight"] >= 5)
         assert m["graceful_requests_in_flight"] <= 6, m
         assert m["graceful_phase[serving]"] == 2  # two live workers serve

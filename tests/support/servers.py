@@ -315,6 +315,16 @@ def wait_for(condition: object, timeout_s: float, what: str, *, poll_s: float = 
         time.sleep(poll_s)
 
 
+def sigkill_expected_in(output: str) -> list[float]:
+    """The "SIGKILL expected in N s" of each ``serving -> accepting`` line in ``output``.
+    The kill deadline is the grace period from when the coordinator's loop took the
+    signal; the line reads the clock again once the adapters acted (a worker starts its
+    exit watchdog thread there): on a loaded machine N is up to a second below the grace
+    period (CI: 0.7 s below a 1 s one)."""
+    found = re.findall(r"serving -> accepting: .*SIGKILL expected in ([\d.]+) s", output)
+    return [float(n) for n in found]
+
+
 def connection_refused(port: int) -> bool:
     """``True`` if a TCP connect to ``port`` is refused (not accepted, not reset)."""
     try:
@@ -400,9 +410,10 @@ class RawHTTP:
         self.send(path)
         return self.response()
 
-    def has_data(self) -> bool:
-        """Whether the server sent something not read yet, or closed (no waiting)."""
-        readable, _, _ = select.select([self.sock], [], [], 0)
+    def has_data(self, timeout_s: float = 0.0) -> bool:
+        """Whether the server sent something not read yet, or closed, within
+        ``timeout_s``."""
+        readable, _, _ = select.select([self.sock], [], [], timeout_s)
         return bool(self._buffer) or bool(readable)
 
     def closed_by_peer(self, timeout_s: float = 10.0) -> bool:

@@ -205,7 +205,11 @@ class Timetable:
         self._watchdog = timer
 
     def _hard_exit(self) -> None:
-        """The watchdog fired: the process is still alive at ``exit_by``."""
+        """The watchdog fired: the process is still alive at ``exit_by``.  An error if
+        that cuts something short (the shutdown, a connection, a request, a session, a
+        thread); a warning if the shutdown was complete and only the interpreter's own
+        exit was late (an ``atexit`` handler, a loaded machine): nothing is lost."""
+        owner = self._owner
         threads = [
             t.name
             for t in threading.enumerate()
@@ -213,7 +217,11 @@ class Timetable:
             and not t.daemon
             and t.is_alive()
         ]
-        logger.error(
+        complete = self.phase is Phase.STOPPED and not (
+            threads or owner._connections or owner._requests or owner._sessions
+        )
+        logger.log(
+            logging.WARNING if complete else logging.ERROR,
             "still alive at the last moment before SIGKILL (phase %s); exiting, abandoning %s%s",
             self.phase,
             self._counts(sessions=True),
