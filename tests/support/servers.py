@@ -318,9 +318,10 @@ def wait_for(condition: object, timeout_s: float, what: str, *, poll_s: float = 
 def sigkill_expected_in(output: str) -> list[float]:
     """The "SIGKILL expected in N s" of each ``serving -> accepting`` line in ``output``.
     The kill deadline is the grace period from when the coordinator's loop took the
-    signal; the line reads the clock again once the adapters acted (a worker starts its
-    exit watchdog thread there): on a loaded machine N is up to a second below the grace
-    period (CI: 0.7 s below a 1 s one)."""
+    signal; the line reads the clock again when the accepting transition is dispatched,
+    after the deadlines were planned (which starts a hard-exit worker's watchdog thread):
+    on a loaded machine N is up to a second below the grace period (CI: 0.7 s below a
+    1 s one)."""
     found = re.findall(r"serving -> accepting: .*SIGKILL expected in ([\d.]+) s", output)
     return [float(n) for n in found]
 
