@@ -266,6 +266,50 @@ def test_a_request_the_exit_cuts_is_answered_503(
     assert not killed, server.output()
 
 
+@pytest.mark.parametrize("worker", ["SyncWorker", "ThreadWorker"])
+def test_the_exit_never_answers_503_inside_a_response_being_written(
+    harness: Harness, record: Callable[[str], None], worker: str
+) -> None:
+    """gunicorn sets ``headers_sent`` only once the head was written: a response whose
+    head is still being written (4 MiB of headers to a client that reads 4 KiB every
+    2 ms, past the exit of ``--graceful-timeout 1``) is gunicorn's, and the exit's cut
+    must not put a 503 inside it (it once did, under load, between a 200's head and its
+    body).  What the client gets is the start of the 200, then the close — what stock
+    gunicorn's SIGKILL gives it."""
+    server = harness.gunicorn(
+        "--graceful-timeout", "1", *(THREADS if worker == "ThreadWorker" else []),
+        app=WSGI_APP, worker_class=worker,
+    )  # fmt: skip
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", server.port))
+    received = bytearray()
+    try:
+        sock.sendall(b"GET /header?kb=4096&id=head HTTP/1.1\r\nHost: t\r\n\r\n")
+        server.wait_for_line(r"started head\b")
+        server.signal(signal.SIGTERM)
+        began = time.monotonic()
+        while time.monotonic() - began < 10:  # bounded: the exit is due within 1 s
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            received += chunk
+            time.sleep(0.002)  # the scenario: a slow reader
+    except ConnectionResetError:
+        pass
+    finally:
+        sock.close()
+    code = server.wait_exit(20)
+    cut_line = server.has_line(r"still alive at the last moment before SIGKILL")
+    record(f"{len(received)} bytes of the 200, then the close; exit {code}")
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n"), bytes(received[:200])
+    assert len(received) < 4096 * 1024, "the exit came after the whole head"
+    assert b"503" not in received, server.output()
+    assert b"shutting down" not in received, server.output()
+    assert cut_line, server.output()  # the exit did come while the head was written
+
+
 # ------------------------------------------------------------------ reloads
 
 

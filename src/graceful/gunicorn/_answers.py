@@ -1,21 +1,24 @@
 """What graceful's WSGI workers (``graceful.gunicorn._wsgi``) say on a connection, and
 read of a listener, at the level of bytes and socket options: the 503 of a request cut
 before its response started, the refusal of a connection that cannot be served (in its
-client's protocol), gunicorn's way to close a connection after a response, and the
+client's protocol), gunicorn's way to close a connection after a response, the
+moment a response passes from the app to gunicorn's writer (``HandOver``), and the
 kernel's count of connections waiting in a listener's accept queue.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import socket
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._core import health as _health
 from . import _http2
 
-__all__ = ("CUT_RESPONSE", "accept_queue", "force_close", "refuse")
+__all__ = ("CUT_RESPONSE", "HandOver", "accept_queue", "force_close", "refuse")
 
 #: What a request the exit cuts before its response started is answered (not a bare
 #: EOF: a 503 tells the client the request was not served, and it may retry).
@@ -45,6 +48,46 @@ def accept_queue(sock: Any) -> int:
         return 0
     queued: int = _TCPI_UNACKED.unpack_from(info)[0]
     return queued
+
+
+class HandOver:
+    """The app's response iterable on its way to gunicorn's writer.
+
+    Until it yields its first chunk (or ends, or fails) nothing of the response was
+    written, and the exit may answer the request 503 (``_wsgi``'s ``_cut``).  From then on
+    gunicorn writes: its response's ``headers_sent`` only becomes true once the headers
+    were sent, so that flag alone let a 503 land inside a response being written (seen
+    under load: a 200's headers, then the 503).  ``release`` takes the worker's cut lock,
+    which the exit takes and keeps until the process ends: a request is either cut or
+    handed over, never both, and one handed over after the cut never writes a byte.
+    """
+
+    __slots__ = ("_release", "_result")
+
+    def __init__(self, result: Iterable[bytes], release: Callable[[], None]) -> None:
+        self._result = result
+        self._release = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        items = iter(self._result)
+        try:
+            first = next(items)
+        except StopIteration:
+            self._release()
+            return iter(())
+        except BaseException:  # gunicorn answers 500 if nothing was sent yet
+            self._release()
+            raise
+        self._release()
+        return itertools.chain((first,), items)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._release()  # a response never iterated
 
 
 def force_close(response: Any) -> None:

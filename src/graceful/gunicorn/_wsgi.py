@@ -75,8 +75,8 @@ from .._core.coordinator import ShutdownCoordinator
 from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
-from ..wsgi import CoordinatorThread, GracefulMiddleware, _Tracked
-from ._answers import CUT_RESPONSE, accept_queue, force_close
+from ..wsgi import CoordinatorThread, GracefulMiddleware
+from ._answers import CUT_RESPONSE, HandOver, accept_queue, force_close
 from ._master import check_in_master, master_listens, metrics_for_master, worker_values
 
 logger = logging.getLogger("graceful")
@@ -89,6 +89,8 @@ _JOIN_S = 0.25
 #: While accepting, the listeners' accept queues are looked at this often (see
 #: ``_backlog_waiting``).
 QUEUE_CHECK_S = 0.1
+#: The longest the exit waits for the cut lock (held by an app thread for a dict pop).
+_CUT_LOCK_S = 0.1
 
 
 class _GracefulWSGIWorker:
@@ -123,6 +125,7 @@ class _GracefulWSGIWorker:
         self._nudged = False  # the requests in flight when nudging began were nudged
         self._stopped_early = False  # stopping began before stop_by (module docs)
         self._in_flight: dict[int, tuple[Any, Any]] = {}  # requests the exit answers (_cut)
+        self._cut_lock = threading.Lock()  # a request is cut or handed over (HandOver)
 
     @property
     def coordinator(self) -> ShutdownCoordinator:
@@ -167,6 +170,7 @@ class _GracefulWSGIWorker:
         itself: its response's ``force_close()`` is the way to ask."""
         coordinator = self.coordinator
         in_flight = self._in_flight
+        cut_lock = self._cut_lock
 
         def closing(environ: dict[str, Any], start_response: Any) -> Any:
             response = getattr(start_response, "__self__", None)
@@ -179,16 +183,17 @@ class _GracefulWSGIWorker:
                 force_close(response)
             if sock is None or response is None:
                 return app(environ, start_response)
+
+            def handed_over() -> None:  # gunicorn writes from now on: no 503 of ours
+                with cut_lock:
+                    in_flight.pop(key, None)
+
             try:
                 result = app(environ, start_response)
-            except BaseException:
-                in_flight.pop(key, None)
+            except BaseException:  # gunicorn answers 500 if nothing was sent yet
+                handed_over()
                 raise
-
-            def done() -> None:
-                in_flight.pop(key, None)
-
-            return _Tracked(result, done)
+            return HandOver(result, handed_over)
 
         return closing
 
@@ -196,8 +201,11 @@ class _GracefulWSGIWorker:
         """At the exit: answer 503 on each request in flight whose response has not
         started (gunicorn's ``headers_sent``), and on each connection still waiting for
         a thread, so that its client gets an answer it may retry instead of a bare EOF
-        or a reset; return how many."""
+        or a reset; return how many.  The cut lock is kept until the process ends (the
+        exit follows): a response handed over meanwhile waits for it (``HandOver``)."""
         cut = self._cut_waiting()
+        if not self._cut_lock.acquire(timeout=_CUT_LOCK_S):
+            return cut  # cannot happen (held for a dict pop): then nothing clean to say
         for sock, response in list(self._in_flight.values()):
             cut += self._answer_cut(sock, response)
         return cut

@@ -8,6 +8,8 @@ client received.  Routes (every response body is ``ok <id>``):
 ``/slow?s=1``      answers after ``s`` seconds (``time.sleep``: the GIL is released)
 ``/gil?s=5``       holds the GIL for ``s`` seconds in one C call (a regular expression
                    that backtracks), as a C extension that never releases it would
+``/header?kb=64``  answers with an ``X-Pad`` header of ``kb`` KiB: a slow reader keeps
+                   gunicorn writing the head (``headers_sent`` still false) for long
 """
 
 from __future__ import annotations
@@ -56,5 +58,8 @@ def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable
     elif path == "/gil":
         _backtrack(float(query.get("s", "5")))
     body = f"ok {rid}\n".encode()
-    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    headers = [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))]
+    if path == "/header":
+        headers.append(("X-Pad", "x" * (int(query.get("kb", "64")) * 1024)))
+    start_response("200 OK", headers)
     return _Body(body, rid)
