@@ -12,7 +12,8 @@ import contextlib
 import itertools
 import socket
 import struct
-from collections.abc import Callable, Iterable, Iterator
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .._core import health as _health
@@ -54,31 +55,46 @@ class HandOver:
     """The app's response iterable on its way to gunicorn's writer.
 
     Until it yields its first chunk (or ends, or fails) nothing of the response was
-    written, and the exit may answer the request 503 (``_wsgi``'s ``_cut``).  From then on
-    gunicorn writes: its response's ``headers_sent`` only becomes true once the headers
-    were sent, so that flag alone let a 503 land inside a response being written (seen
-    under load: a 200's headers, then the 503).  ``release`` takes the worker's cut lock,
-    which the exit takes and keeps until the process ends: a request is either cut or
-    handed over, never both, and one handed over after the cut never writes a byte.
+    written, and the exit may answer the request 503 (``_wsgi``'s ``_cut``, which looks
+    for it in ``in_flight`` under ``key``).  From then on gunicorn writes: its response's
+    ``headers_sent`` only becomes true once the head was sent, so that flag alone let a
+    503 land inside a response being written (seen under load: a 200's head, then the
+    503).  The hand-over takes the request out of ``in_flight`` under the worker's cut
+    lock, which the exit takes and keeps until the process ends: a request is either cut
+    or handed over, never both, and one handed over after the cut never writes a byte.
     """
 
-    __slots__ = ("_release", "_result")
+    __slots__ = ("_in_flight", "_key", "_lock", "_result")
 
-    def __init__(self, result: Iterable[bytes], release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        result: Iterable[bytes],
+        in_flight: dict[int, Any],
+        key: int,
+        lock: threading.Lock,
+    ) -> None:
         self._result = result
-        self._release = release
+        self._in_flight = in_flight
+        self._key = key
+        self._lock = lock
+
+    def handed_over(self) -> None:
+        """gunicorn writes from now on (waits for good if the exit cut the request)."""
+        if self._key in self._in_flight:  # not yet handed over (or cut)
+            with self._lock:
+                self._in_flight.pop(self._key, None)
 
     def __iter__(self) -> Iterator[bytes]:
         items = iter(self._result)
         try:
             first = next(items)
         except StopIteration:
-            self._release()
+            self.handed_over()
             return iter(())
         except BaseException:  # gunicorn answers 500 if nothing was sent yet
-            self._release()
+            self.handed_over()
             raise
-        self._release()
+        self.handed_over()
         return itertools.chain((first,), items)
 
     def close(self) -> None:
@@ -87,7 +103,7 @@ class HandOver:
             if close is not None:
                 close()
         finally:
-            self._release()  # a response never iterated
+            self.handed_over()  # a response never iterated
 
 
 def force_close(response: Any) -> None:

@@ -183,17 +183,13 @@ class _GracefulWSGIWorker:
                 force_close(response)
             if sock is None or response is None:
                 return app(environ, start_response)
-
-            def handed_over() -> None:  # gunicorn writes from now on: no 503 of ours
-                with cut_lock:
-                    in_flight.pop(key, None)
-
             try:
                 result = app(environ, start_response)
             except BaseException:  # gunicorn answers 500 if nothing was sent yet
-                handed_over()
+                with cut_lock:
+                    in_flight.pop(key, None)
                 raise
-            return HandOver(result, handed_over)
+            return HandOver(result, in_flight, key, cut_lock)
 
         return closing
 
