@@ -8,7 +8,7 @@ preStop sleep).  Meanwhile clients inside the namespace use the Service's Cluste
 in-cluster callers do:
 
 * keep-alive clients reuse one connection (and open a new one when the server asks them
-  to close it), a request every 20 ms;
+  to close it), a request every ``interval_s`` (20 ms);
 * fresh-connection clients open a connection per request;
 * one long request (``/slow?s=…``) is sent just before the deletion.
 
@@ -250,7 +250,9 @@ def _classify(exc: BaseException) -> str:
     return "reset"
 
 
-def _client(keep_alive: bool, stop: threading.Event, counts: ClientCounts) -> None:
+def _client(
+    keep_alive: bool, stop: threading.Event, counts: ClientCounts, interval_s: float
+) -> None:
     conn: http.client.HTTPConnection | None = None
     for _ in range(_MAX_REQUESTS):
         if stop.is_set():
@@ -273,7 +275,7 @@ def _client(keep_alive: bool, stop: threading.Event, counts: ClientCounts) -> No
             if conn is not None:
                 conn.close()
             conn = None
-        stop.wait(0.02)
+        stop.wait(interval_s)
     if conn is not None:
         conn.close()
 
@@ -308,9 +310,10 @@ def _draining_at(log: str) -> float | None:
 
 
 def _wait(
-    condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.02
+    condition: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05
 ) -> float:
-    """Poll ``condition`` (bounded); the monotonic time it became true."""
+    """Poll ``condition`` (bounded); the monotonic time it became true (to ``poll_s``:
+    each poll of kube-proxy's rules runs ``iptables``)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
@@ -326,9 +329,11 @@ def rollout(
     keepalive_clients: int = 2,
     fresh_clients: int = 2,
     long_request_s: float = 3.0,
+    interval_s: float = 0.02,
     timeout_s: float = 60.0,
 ) -> RolloutResult:
-    """Replace pod ``old`` by pod ``new`` (both from ``pod(name)``) under load."""
+    """Replace pod ``old`` by pod ``new`` (both from ``pod(name)``) under load: each
+    client sends a request every ``interval_s``."""
     run = next(_counter)
     old = Kubelet(cluster, pod(f"web-old-{run}")).start()
     new: Kubelet | None = None
@@ -347,7 +352,9 @@ def rollout(
             for keep_alive, n in ((True, keepalive_clients), (False, fresh_clients)):
                 for _ in range(n):
                     key = "keep-alive" if keep_alive else "fresh connection"
-                    t = threading.Thread(target=_client, args=(keep_alive, stop, counts[key]))
+                    t = threading.Thread(
+                        target=_client, args=(keep_alive, stop, counts[key], interval_s)
+                    )
                     t.start()
                     threads.append(t)
 
