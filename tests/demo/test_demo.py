@@ -196,7 +196,9 @@ def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
 ) -> None:
     """Issue 22: the rolling restart with a 1.5 s propagation delay loses requests with
     stock ``sync`` and ``gthread`` and none with graceful's workers; the long request
-    completes and A exits before SIGKILL."""
+    completes and graceful's A exits before SIGKILL.  Stock's A usually does too; on a
+    loaded machine the stock sync master was once still shutting down at the 6 s grace
+    period and was SIGKILLed (its graceful timeout is the grace period: the two race)."""
     pytest.importorskip("flask")
     servers = [f"gunicorn-{worker}", f"graceful-{worker}:accept-until-idle"]
     report = tmp_path / "demo.json"
@@ -212,10 +214,11 @@ def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
     for name in servers:
         outcome = outcomes[name]
         assert outcome["requests"] > MIN_REQUESTS, outcome
-        assert outcome["a_ended"] == "exited 0", outcome  # not SIGKILLed
         if outcome["policy"] is None:
+            assert outcome["a_ended"] in ("exited 0", "killed"), outcome
             assert outcome["failed"] > 0, outcome
         else:
+            assert outcome["a_ended"] == "exited 0", outcome  # not SIGKILLed
             assert outcome["failed"] == 0, outcome
 
 
