@@ -32,15 +32,22 @@ import asyncio
 import importlib.util
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ._report import Progress, print_table, write_json
-from ._scenario import ALL_SERVERS, POLICIES, SERVERS, Outcome, run_scenario
+if TYPE_CHECKING:
+    from ._scenario import Outcome
+
+# The scenario and the report are imported where the command needs them: every backend
+# and Kubernetes pod of the demo imports this package (``graceful._demo.app``), and
+# neither needs them (about 25 ms of each one's start).
 
 __all__ = ("build_parser", "main")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``graceful demo`` argument parser (ranges are checked by ``parse``)."""
+    from ._scenario import POLICIES, SERVERS
+
     parser = argparse.ArgumentParser(
         prog="graceful demo",
         description="A simulated Kubernetes rolling restart on loopback: the stock server "
@@ -106,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     """Parse and check the options; ``args.kinds`` are the servers to run, in order."""
+    from ._scenario import ALL_SERVERS
+
     parser = build_parser()
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
@@ -147,6 +156,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 async def _run(args: argparse.Namespace) -> list[Outcome]:
+    from ._report import Progress
+    from ._scenario import run_scenario
+
     outcomes = []
     with Progress(name_width=max(len(kind.name) for kind in args.kinds)) as progress:
         for kind in args.kinds:
@@ -167,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._kubedemo import main as kubernetes_demo
 
         return kubernetes_demo(args)
+    from ._report import print_table, write_json
+
     outcomes = asyncio.run(_run(args))
     print_table(outcomes, args)
     if args.json:
