@@ -133,7 +133,7 @@ def test_demo_runs_hypercorn_and_aiohttp_stock_and_graceful(tmp_path: Path) -> N
     report, plot = tmp_path / "demo.json", tmp_path / "timeline.svg"
     result = _demo(
         "--servers", ",".join(servers), "--warmup", "1", "--tail", "0.3",
-        "--keepalive-clients", "2", "--fresh-clients", "2", "--long-requests", "1",
+        "--keepalive-clients", "1", "--fresh-clients", "1", "--long-requests", "1",
         "--long-request-s", "1", "--websockets", "1",
         "--json", str(report), "--plot", str(plot),
     )  # fmt: skip
@@ -168,7 +168,7 @@ def test_demo_runs_granian_stock_and_graceful(tmp_path: Path) -> None:
     report, plot = tmp_path / "demo.json", tmp_path / "timeline.svg"
     result = _demo(
         "--servers", ",".join(servers), "--warmup", "1", "--tail", "0.3",
-        "--keepalive-clients", "2", "--fresh-clients", "2", "--long-requests", "1",
+        "--keepalive-clients", "1", "--fresh-clients", "1", "--long-requests", "1",
         "--long-request-s", "1", "--websockets", "1",
         "--json", str(report), "--plot", str(plot),
     )  # fmt: skip
@@ -204,7 +204,7 @@ def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
     report = tmp_path / "demo.json"
     result = _demo(
         "--servers", ",".join(servers), "--propagation-delay", "1.5", "--warmup", "1",
-        "--tail", "0.3", "--keepalive-clients", "2", "--fresh-clients", "2",
+        "--tail", "0.3", "--keepalive-clients", "1", "--fresh-clients", "1",
         "--long-requests", "1", "--long-request-s", "1", "--websockets", "1",
         "--json", str(report),
     )  # fmt: skip
