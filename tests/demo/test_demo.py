@@ -204,7 +204,7 @@ def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
     report = tmp_path / "demo.json"
     result = _demo(
         "--servers", ",".join(servers), "--propagation-delay", "1.5", "--warmup", "1",
-        "--tail", "0.3", "--keepalive-clients", "1", "--fresh-clients", "1",
+        "--tail", "0.3", "--keepalive-clients", "2", "--fresh-clients", "2",
         "--long-requests", "1", "--long-request-s", "1", "--websockets", "1",
         "--json", str(report),
     )  # fmt: skip

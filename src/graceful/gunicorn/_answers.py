@@ -19,7 +19,7 @@ from typing import Any
 from .._core import health as _health
 from . import _http2
 
-__all__ = ("CUT_RESPONSE", "HandOver", "accept_queue", "force_close", "refuse")
+__all__ = ("CUT_RESPONSE", "HandOver", "accept_queue", "force_close", "hand_over", "refuse")
 
 #: What a request the exit cuts before its response started is answered (not a bare
 #: EOF: a 503 tells the client the request was not served, and it may retry).
@@ -51,6 +51,24 @@ def accept_queue(sock: Any) -> int:
     return queued
 
 
+#: What a request the exit answered 503 waits on at its hand-over: never set, the process
+#: ends right after the cut (``os._exit``), and nothing of gunicorn's may follow the 503.
+_EXITING = threading.Event()
+
+
+def hand_over(in_flight: dict[int, Any], key: int, lock: threading.Lock, cut: set[int]) -> None:
+    """The request ``key`` passes to gunicorn's writer: out of the exit's reach
+    (``in_flight``), under the cut lock.  If the exit already answered it 503 (``cut``),
+    it never returns: the exit ends the process."""
+    if key not in in_flight:
+        return  # handed over already
+    with lock:
+        in_flight.pop(key, None)
+        if key not in cut:
+            return
+    _EXITING.wait()
+
+
 class HandOver:
     """The app's response iterable on its way to gunicorn's writer.
 
@@ -59,12 +77,13 @@ class HandOver:
     for it in ``in_flight`` under ``key``).  From then on gunicorn writes: its response's
     ``headers_sent`` only becomes true once the head was sent, so that flag alone let a
     503 land inside a response being written (seen under load: a 200's head, then the
-    503).  The hand-over takes the request out of ``in_flight`` under the worker's cut
-    lock, which the exit takes and keeps until the process ends: a request is either cut
-    or handed over, never both, and one handed over after the cut never writes a byte.
+    503).  The exit answers under the worker's cut lock and notes what it answered in
+    ``cut``; the hand-over takes the same lock: a request is either cut or handed over,
+    never both, and one that was cut never writes a byte (``hand_over``).  A request
+    handed over after the cut goes on as before, however little time the exit leaves it.
     """
 
-    __slots__ = ("_in_flight", "_key", "_lock", "_result")
+    __slots__ = ("_cut", "_in_flight", "_key", "_lock", "_result")
 
     def __init__(
         self,
@@ -72,29 +91,25 @@ class HandOver:
         in_flight: dict[int, Any],
         key: int,
         lock: threading.Lock,
+        cut: set[int],
     ) -> None:
         self._result = result
         self._in_flight = in_flight
         self._key = key
         self._lock = lock
-
-    def handed_over(self) -> None:
-        """gunicorn writes from now on (waits for good if the exit cut the request)."""
-        if self._key in self._in_flight:  # not yet handed over (or cut)
-            with self._lock:
-                self._in_flight.pop(self._key, None)
+        self._cut = cut
 
     def __iter__(self) -> Iterator[bytes]:
         items = iter(self._result)
         try:
             first = next(items)
         except StopIteration:
-            self.handed_over()
+            hand_over(self._in_flight, self._key, self._lock, self._cut)
             return iter(())
         except BaseException:  # gunicorn answers 500 if nothing was sent yet
-            self.handed_over()
+            hand_over(self._in_flight, self._key, self._lock, self._cut)
             raise
-        self.handed_over()
+        hand_over(self._in_flight, self._key, self._lock, self._cut)
         return itertools.chain((first,), items)
 
     def close(self) -> None:
@@ -103,7 +118,7 @@ class HandOver:
             if close is not None:
                 close()
         finally:
-            self.handed_over()  # a response never iterated
+            hand_over(self._in_flight, self._key, self._lock, self._cut)  # never iterated
 
 
 def force_close(response: Any) -> None:

@@ -76,7 +76,7 @@ from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
 from ..wsgi import CoordinatorThread, GracefulMiddleware
-from ._answers import CUT_RESPONSE, HandOver, accept_queue, force_close
+from ._answers import CUT_RESPONSE, HandOver, accept_queue, force_close, hand_over
 from ._master import check_in_master, master_listens, metrics_for_master, worker_values
 
 logger = logging.getLogger("graceful")
@@ -126,6 +126,7 @@ class _GracefulWSGIWorker:
         self._stopped_early = False  # stopping began before stop_by (module docs)
         self._in_flight: dict[int, tuple[Any, Any]] = {}  # requests the exit answers (_cut)
         self._cut_lock = threading.Lock()  # a request is cut or handed over (HandOver)
+        self._cut_keys: set[int] = set()  # the requests the exit answered 503
 
     @property
     def coordinator(self) -> ShutdownCoordinator:
@@ -170,7 +171,7 @@ class _GracefulWSGIWorker:
         itself: its response's ``force_close()`` is the way to ask."""
         coordinator = self.coordinator
         in_flight = self._in_flight
-        cut_lock = self._cut_lock
+        cut_lock, cut_keys = self._cut_lock, self._cut_keys
 
         def closing(environ: dict[str, Any], start_response: Any) -> Any:
             response = getattr(start_response, "__self__", None)
@@ -186,10 +187,9 @@ class _GracefulWSGIWorker:
             try:
                 result = app(environ, start_response)
             except BaseException:  # gunicorn answers 500 if nothing was sent yet
-                with cut_lock:
-                    in_flight.pop(key, None)
+                hand_over(in_flight, key, cut_lock, cut_keys)
                 raise
-            return HandOver(result, in_flight, key, cut_lock)
+            return HandOver(result, in_flight, key, cut_lock, cut_keys)
 
         return closing
 
@@ -197,13 +197,18 @@ class _GracefulWSGIWorker:
         """At the exit: answer 503 on each request in flight whose response has not
         started (gunicorn's ``headers_sent``), and on each connection still waiting for
         a thread, so that its client gets an answer it may retry instead of a bare EOF
-        or a reset; return how many.  The cut lock is kept until the process ends (the
-        exit follows): a response handed over meanwhile waits for it (``HandOver``)."""
+        or a reset; return how many.  Under the cut lock, noting what it answered: such
+        a request never hands its response to gunicorn (``HandOver``)."""
         cut = self._cut_waiting()
         if not self._cut_lock.acquire(timeout=_CUT_LOCK_S):
             return cut  # cannot happen (held for a dict pop): then nothing clean to say
-        for sock, response in list(self._in_flight.values()):
-            cut += self._answer_cut(sock, response)
+        try:
+            for key, (sock, response) in list(self._in_flight.items()):
+                if self._answer_cut(sock, response):
+                    self._cut_keys.add(key)
+                    cut += 1
+        finally:
+            self._cut_lock.release()
         return cut
 
     def _answer_cut(self, sock: Any, response: Any) -> bool:
