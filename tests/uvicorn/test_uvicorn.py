@@ -18,6 +18,7 @@ import sys
 import pytest
 
 import graceful._demo as demo
+from graceful._demo._scenario import run_scenario
 from tests.support.servers import ACCEPTING, POLICIES, RawHTTP, ServerProcess
 
 
@@ -51,7 +52,7 @@ def test_rolling_restart(server: str, fails: bool) -> None:
         ["--servers", server, "--propagation-delay", "1", "--keepalive-clients", "3",
          "--fresh-clients", "3", "--long-requests", "1"]
     )  # fmt: skip
-    outcome = asyncio.run(demo.run_scenario(args.kinds[0], args))
+    outcome = asyncio.run(run_scenario(args.kinds[0], args))
     tally = outcome.tally
     assert tally.requests > 60  # traffic across the restart: a floor, not a throughput claim
     assert outcome.terminating is not None
