@@ -89,6 +89,12 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
             self._serve_held()
         self._loop_ended()
 
+    def _quit_accepting(self) -> None:
+        """In SIGQUIT's (SIGINT's) handler: gunicorn's loop takes no more connections —
+        not even one already reported ready when the handler ran, which the quick stop
+        could only answer 503 where the worker that replaces this one serves it."""
+        self.alive = False
+
     def _stop_accepting(self) -> None:
         """In the coordinator's thread, at draining: take what the kernel queued and
         close this worker's copy of the listeners at once, even while the worker's one
@@ -140,7 +146,7 @@ class SyncWorker(_GracefulWSGIWorker, _StockSyncWorker):  # type: ignore[misc]
         """Accept and serve one connection; ``False`` if none was waiting or the stop
         took the listeners."""
         with self._accept_lock:
-            if self._draining:
+            if self._draining or not self.alive:  # the stop, a quick stop, max requests
                 return False
             try:
                 client, address = listener.accept()

@@ -30,12 +30,14 @@ import selectors
 import socket
 import threading
 import time
+from concurrent import futures
 from typing import Any
 
 from gunicorn.workers.gthread import TConn
 from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 
 from .._core.policy import Phase
+from .._core.signals import leave_signals_to_main_thread
 from ._answers import refuse
 from ._http2 import Http2GoAway
 from ._wsgi import _GracefulWSGIWorker
@@ -128,6 +130,14 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
 
     def _quit_accepting(self) -> None:
         self.alive = False  # gunicorn's loop accepts no more and drains
+
+    def get_thread_pool(self) -> Any:
+        """gunicorn's pool, whose threads leave the process's signals to the main thread:
+        a SIGQUIT a pool thread took did not wake gunicorn's loop, which then accepted a
+        queued connection before the handler ran (and the quick stop lost it)."""
+        return futures.ThreadPoolExecutor(
+            max_workers=self.cfg.threads, initializer=leave_signals_to_main_thread
+        )
 
     def _stop_accepting(self) -> None:
         self.alive = False  # gunicorn's loop stops accepting and drains
