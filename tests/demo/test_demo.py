@@ -150,7 +150,7 @@ def test_demo_runs_hypercorn_and_aiohttp_stock_and_graceful(tmp_path: Path) -> N
             assert outcome["results"]["refused"] > 0, outcome
             assert outcome["a_phases"] == []
         else:
-            assert outcome["failed"] == 0, outcome
+            assert outcome["failed"] == 0, (outcome["results"], outcome)
             phases = [mark["phase"] for mark in outcome["a_phases"]]
             assert phases == ["accepting", "draining", "stopping", "stopped"], outcome
     assert set(_panels(plot)) == set(servers)
@@ -184,7 +184,7 @@ def test_demo_runs_granian_stock_and_graceful(tmp_path: Path) -> None:
             assert outcome["results"]["refused"] > 0, outcome
             assert outcome["a_phases"] == []
         else:
-            assert outcome["failed"] == 0, outcome
+            assert outcome["failed"] == 0, (outcome["results"], outcome)
             phases = [mark["phase"] for mark in outcome["a_phases"]]
             assert phases == ["accepting", "draining", "stopping", "stopped"], outcome
     assert set(_panels(plot)) == set(servers)
@@ -219,7 +219,7 @@ def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
             assert outcome["failed"] > 0, outcome
         else:
             assert outcome["a_ended"] == "exited 0", outcome  # not SIGKILLed
-            assert outcome["failed"] == 0, outcome
+            assert outcome["failed"] == 0, (outcome["results"], outcome)
 
 
 def test_demo_rejects_unknown_server() -> None:
