@@ -16,10 +16,10 @@ import pytest
 
 from graceful._demo._kube import ApiError, Cluster
 from graceful._demo._kubelet import Kubelet
-from graceful._demo._kuberollout import RBAC_RULES, graceful_run, pod_manifest, service
+from graceful._demo._kuberollout import RBAC_RULES, graceful_run, pod_manifest
 from graceful.kubernetes import endpoint_state
 
-from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG, apply_rbac
+from .conftest import NOBODY_TOKEN, ROOT, SA_KUBECONFIG
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -267,31 +267,29 @@ def test_no_rbac_permission_warns_once_and_falls_back(cluster: Cluster) -> None:
     assert pod.timeline["exited"] - pod.timeline["delete_requested"] < 10 - 1
 
 
-def test_apiserver_stopped_mid_watch_does_not_hang_the_shutdown() -> None:
+def test_apiserver_stopped_mid_watch_does_not_hang_the_shutdown(cluster: Cluster) -> None:
     """The API server freezes (SIGSTOP: no error, no data) while the pod waits for its
     endpoint: a warning after the API timeout, then the idle window; exit long before
-    max-wait."""
-    with Cluster() as cluster:
-        service(cluster)
-        apply_rbac(cluster)
-        kubeconfig = cluster.service_account_kubeconfig("web")
-        pod = start(
-            cluster,
-            "--kubernetes",
-            "--idle",
-            "1",
-            "--grace-period",
-            "60",
-            "--max-wait",
-            "40",
-            # About the API, not the kubelet: graceful would wait for the 100 failed
-            # probes the kubelet needs to drop the endpoint (up to max-wait) otherwise.
-            "--readiness-failures",
-            "0",
-            kubeconfig=kubeconfig,
-            failure_threshold=100,  # the endpoint stays ready: the watch waits
-        )
-        assert pod.proc is not None
+    max-wait.  The group's own control plane (its tests run one at a time): resumed, the
+    pod deleted and out of kube-proxy's rules before the next test."""
+    pod = start(
+        cluster,
+        "--kubernetes",
+        "--idle",
+        "1",
+        "--grace-period",
+        "60",
+        "--max-wait",
+        "40",
+        # About the API, not the kubelet: graceful would wait for the 100 failed
+        # probes the kubelet needs to drop the endpoint (up to max-wait) otherwise.
+        "--readiness-failures",
+        "0",
+        kubeconfig=SA_KUBECONFIG[id(cluster)],
+        failure_threshold=100,  # the endpoint stays ready: the watch waits
+    )
+    assert pod.proc is not None
+    try:
         wait_routed(cluster, pod)  # else the watch may find the endpoint not ready at once
         apiserver = cluster.processes["apiserver"]
         term = time.time()
@@ -311,6 +309,14 @@ def test_apiserver_stopped_mid_watch_does_not_hang_the_shutdown() -> None:
         assert time.time() - term < 5 + 5 + 5 + 1 + 3, log
         assert "kubernetes: " in log
         assert "endpoint state unknown" in log, log
+    finally:
+        # Its endpoint stays ready for 100 failed probes: gone before the next test
+        # sends traffic to the Service (the API answers again once resumed).
+        pod.delete(0)
+        deadline = time.monotonic() + 30
+        while cluster.proxied(pod.ip) and time.monotonic() < deadline:
+            time.sleep(0.05)  # polls kube-proxy's rules, bounded by the deadline above
+        pod.stop()
 
 
 def test_the_pods_namespace_file_and_hostname_are_used_without_the_downward_api(
