@@ -18,6 +18,7 @@ def demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
         capture_output=True,
         text=True,
         timeout=300,
+        start_new_session=True,  # its own CFS autogroup: see tests/demo/test_demo.py's _demo
     )
 
 
