@@ -207,8 +207,8 @@ def test_demo_runs_gunicorn_sync_and_gthread_stock_and_graceful(
     drain (3.4 s on an idle machine), and under the suite's load graceful's master was once
     SIGKILLed at 6 s (not investigated; perhaps its workers planned from their own
     SIGTERM, which the master relays late on a loaded machine).  Stock's A may still be
-    SIGKILLed (seen once at 6 s:
-    its graceful timeout is the grace period, and the two race)."""
+    SIGKILLed (seen once at 6 s: its graceful timeout is the grace period, and the two
+    race)."""
     pytest.importorskip("flask")
     servers = [f"gunicorn-{worker}", f"graceful-{worker}:accept-until-idle"]
     report = tmp_path / "demo.json"
