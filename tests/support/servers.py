@@ -327,11 +327,18 @@ def sigkill_expected_in(output: str) -> list[float]:
 
 
 def connection_refused(port: int) -> bool:
-    """``True`` if a TCP connect to ``port`` is refused (not accepted, not reset)."""
+    """``True`` if a TCP connect to ``port`` is refused (not accepted, not reset).
+
+    A reset before ``connect`` returns is a listener caught closing: the handshake put the
+    connection in its accept queue and the close reset it, unaccepted.  That is not a
+    refusal yet; a poll asks again.
+    """
     try:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:
+        return False
     return False
 
 
