@@ -286,10 +286,10 @@ def test_a_quick_stop_of_one_worker_leaves_its_backlog_to_the_master_repeated(
     harness: Harness, record: Callable[[str], None], worker: str, repetition: int
 ) -> None:
     """The same, again: the SIGQUIT is taken as gunicorn's loop wakes up to the queue.
-    SyncWorker's handler ran inside the loop's ``select`` and the loop then accepted a
-    connection it reported ready (answered 503 at the quick stop); a ThreadWorker pool
-    thread took the signal and the loop accepted one before the handler ran (lost) —
-    one in several full loaded runs each."""
+    In both workers the handler ran inside the loop's wait and the loop then accepted a
+    connection the same wait reported ready: SyncWorker's was answered 503 at the quick
+    stop; ThreadWorker's, still being read by a pool thread, was lost at the exit (CI,
+    stop 38; 1 in 40 cases run alone) — one in several full loaded runs each."""
     test_a_quick_stop_of_one_worker_leaves_its_backlog_to_the_master(harness, record, worker)
 
 

@@ -71,6 +71,7 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
 
     _listeners_closed = False  # set_accept_enabled: the stop's sweep closed them
     _cut_done = False  # the exit answered what waited for a thread (_cut_waiting)
+    _quitting = False  # a quick stop: accept no more (accept)
 
     _lingering: dict[Any, list[float]]  # closed after a response: socket -> [deadline, read]
 
@@ -129,7 +130,17 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
             self._loop_ended()
 
     def _quit_accepting(self) -> None:
+        self._quitting = True  # see accept
         self.alive = False  # gunicorn's loop accepts no more and drains
+
+    def accept(self, listener: Any) -> None:
+        """gunicorn's, but none after a quick stop: the handler runs as the loop's wait
+        is interrupted, and the loop then dispatched the listener's readiness that the
+        same wait reported (``alive`` is looked at only between waits) — a connection
+        the quick stop could only cut, where left in the queue the worker that replaces
+        this one serves it."""
+        if not self._quitting:
+            super().accept(listener)
 
     def get_thread_pool(self) -> Any:
         """gunicorn's pool, whose threads leave the process's signals to the main thread:
