@@ -19,7 +19,15 @@ from typing import Any
 from .._core import health as _health
 from . import _http2
 
-__all__ = ("CUT_RESPONSE", "HandOver", "accept_queue", "force_close", "hand_over", "refuse")
+__all__ = (
+    "CUT_RESPONSE",
+    "HandOver",
+    "accept_queue",
+    "await_exit",
+    "force_close",
+    "hand_over",
+    "refuse",
+)
 
 #: What a request the exit cuts before its response started is answered (not a bare
 #: EOF: a 503 tells the client the request was not served, and it may retry).
@@ -51,9 +59,15 @@ def accept_queue(sock: Any) -> int:
     return queued
 
 
-#: What a request the exit answered 503 waits on at its hand-over: never set, the process
+#: What a request the exit answered 503 waits on (``await_exit``): never set, the process
 #: ends right after the cut (``os._exit``), and nothing of gunicorn's may follow the 503.
 _EXITING = threading.Event()
+
+
+def await_exit() -> None:
+    """In the thread of a request the exit answered 503: wait for the process's end,
+    which follows the cut at once — neither the app nor gunicorn's writer may run."""
+    _EXITING.wait()
 
 
 def hand_over(in_flight: dict[int, Any], key: int, lock: threading.Lock, cut: set[int]) -> None:
@@ -66,7 +80,7 @@ def hand_over(in_flight: dict[int, Any], key: int, lock: threading.Lock, cut: se
         in_flight.pop(key, None)
         if key not in cut:
             return
-    _EXITING.wait()
+    await_exit()
 
 
 class HandOver:

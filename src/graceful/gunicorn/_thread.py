@@ -38,7 +38,7 @@ from gunicorn.workers.gthread import ThreadWorker as _StockThreadWorker
 
 from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
-from ._answers import refuse
+from ._answers import CUT_RESPONSE, refuse
 from ._http2 import Http2GoAway
 from ._wsgi import _GracefulWSGIWorker
 
@@ -78,6 +78,7 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._waiting: dict[int, Any] = {}  # connections waiting for a thread
+        self._taken: dict[int, Any] = {}  # connections a thread has (``handle``)
         self._waiting_lock = threading.Lock()
 
     def _on_phase(self, phase: Phase) -> None:
@@ -102,11 +103,60 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         super().enqueue_req(conn)
 
     def handle(self, conn: Any) -> Any:
+        """In a pool thread: from waiting to taken (``_taken``, under the same lock) for
+        as long as the thread has it; the exit answers those whose request has not
+        reached the app yet (``_cut_reading``)."""
+        key = id(conn)
         with self._waiting_lock:  # the exit's cut answers under it: never half-written
-            mine = self._waiting.pop(id(conn), None) is not None
+            mine = self._waiting.pop(key, None) is not None
+            if mine:
+                self._taken[key] = conn
         if not mine:
             return False  # the exit answered it already (_cut_waiting)
-        return super().handle(conn)
+        try:
+            return super().handle(conn)
+        finally:
+            self._taken.pop(key, None)  # first: the exit never finds it taken, not entered
+            self._entered.discard(id(conn.sock))
+
+    def handle_http2(self, conn: Any) -> bool:
+        """An HTTP/2 connection holds its thread for its whole life: not taken (its
+        streams are answered at the exit in HTTP/2, ``Http2GoAway``)."""
+        self._taken.pop(id(conn), None)
+        return super().handle_http2(conn)
+
+    _reads_in_threads = True
+
+    def _cut_reading(self) -> int:
+        """At the exit, under the cut lock (after ``_cut_waiting``: no thread takes one
+        more): a 503 to each connection a thread took whose request has not reached the
+        app — being read, or in a ``pre_request`` hook — where the exit's ``os._exit``
+        gave a bare EOF (the stock worker's exit waits for its threads and serves it).
+        Its thread, arriving at the app, finds its socket noted and waits for the exit.
+        Without a lock on the request path: the thread notes ``_entered`` then looks at
+        ``_cut_socks``, this notes ``_cut_socks`` then looks at ``_entered`` — one of the
+        two sees the other (one interpreter lock: the operations are in one order), and
+        a request seen entered is the in-flight cut's to answer.  Not a connection that
+        sent nothing yet (the close of an idle connection), nor TLS (no clear bytes
+        inside it, and not from a second thread), nor HTTP/2 (``handle_http2``)."""
+        count = 0
+        entered = self._entered
+        for conn in list(self._taken.values()):
+            sock = conn.sock
+            if id(sock) in entered or self.cfg.is_ssl:
+                continue  # in the app, or its response under way: not this answer
+            if not (getattr(conn, "initialized", True) or getattr(conn, "data_ready", True)):
+                continue  # gunicorn still waits for its first byte
+            self._cut_socks.add(id(sock))
+            if id(sock) in entered:  # it entered meanwhile: the in-flight cut answers it
+                self._cut_socks.discard(id(sock))
+                continue
+            with contextlib.suppress(OSError):
+                sock.settimeout(0.05)
+                sock.sendall(CUT_RESPONSE)
+                sock.shutdown(socket.SHUT_WR)  # nothing of the thread's may follow
+                count += 1
+        return count
 
     def _cut_waiting(self) -> int:
         """At the exit (the heartbeat's thread): a 503 to each connection waiting for a
@@ -134,12 +184,13 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         self.alive = False  # gunicorn's loop accepts no more and drains
 
     def accept(self, listener: Any) -> None:
-        """gunicorn's, but none after a quick stop: the handler runs as the loop's wait
-        is interrupted, and the loop then dispatched the listener's readiness that the
-        same wait reported (``alive`` is looked at only between waits) — a connection
-        the quick stop could only cut, where left in the queue the worker that replaces
-        this one serves it."""
-        if not self._quitting:
+        """gunicorn's, but none after a quick stop of this worker alone: the handler runs
+        as the loop's wait is interrupted, and the loop then dispatched the listener's
+        readiness that the same wait reported (``alive`` is looked at only between
+        waits) — a connection the quick stop could only cut, where left in the queue the
+        worker that replaces this one serves it.  When the pod stops, what is queued is
+        taken and answered (``set_accept_enabled``), not left to be reset."""
+        if not (self._quitting and self.coordinator.pod_still_serving()):
             super().accept(listener)
 
     def get_thread_pool(self) -> Any:

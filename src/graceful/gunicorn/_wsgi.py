@@ -76,7 +76,14 @@ from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
 from ..wsgi import CoordinatorThread, GracefulMiddleware
-from ._answers import CUT_RESPONSE, HandOver, accept_queue, force_close, hand_over
+from ._answers import (
+    CUT_RESPONSE,
+    HandOver,
+    accept_queue,
+    await_exit,
+    force_close,
+    hand_over,
+)
 from ._master import check_in_master, master_listens, metrics_for_master, worker_values
 
 logger = logging.getLogger("graceful")
@@ -127,6 +134,8 @@ class _GracefulWSGIWorker:
         self._in_flight: dict[int, tuple[Any, Any]] = {}  # requests the exit answers (_cut)
         self._cut_lock = threading.Lock()  # a request is cut or handed over (HandOver)
         self._cut_keys: set[int] = set()  # the requests the exit answered 503
+        self._cut_socks: set[int] = set()  # requests the exit answered before the app
+        self._entered: set[int] = set()  # sockets whose request reached the app (guarded)
 
     @property
     def coordinator(self) -> ShutdownCoordinator:
@@ -171,7 +180,8 @@ class _GracefulWSGIWorker:
         itself: its response's ``force_close()`` is the way to ask."""
         coordinator = self.coordinator
         in_flight = self._in_flight
-        cut_lock, cut_keys = self._cut_lock, self._cut_keys
+        cut_lock, cut_keys, cut_socks = self._cut_lock, self._cut_keys, self._cut_socks
+        guarded, entered = self._reads_in_threads, self._entered
 
         def closing(environ: dict[str, Any], start_response: Any) -> Any:
             response = getattr(start_response, "__self__", None)
@@ -180,6 +190,10 @@ class _GracefulWSGIWorker:
             if sock is not None and response is not None:
                 # Before looking at nudging: one that begins meanwhile finds it here.
                 in_flight[key] = (sock, response)
+                if guarded:  # against the exit's answer to what a thread still reads:
+                    entered.add(id(sock))  # noted, then looked: see _cut_reading
+                    if cut_socks and id(sock) in cut_socks:
+                        await_exit()  # answered 503: the app must not run; the exit follows
             if coordinator.nudging:
                 force_close(response)
             if sock is None or response is None:
@@ -203,7 +217,10 @@ class _GracefulWSGIWorker:
         if not self._cut_lock.acquire(timeout=_CUT_LOCK_S):
             return cut  # cannot happen (held for a dict pop): then nothing clean to say
         try:
+            cut += self._cut_reading()
             for key, (sock, response) in list(self._in_flight.items()):
+                if id(sock) in self._cut_socks:
+                    continue  # answered as read, and its thread will not run the app
                 if self._answer_cut(sock, response):
                     self._cut_keys.add(key)
                     cut += 1
@@ -420,7 +437,18 @@ class _GracefulWSGIWorker:
 
     def _cut_waiting(self) -> int:
         """At the exit: refuse the connections accepted but not yet handed to the app
-        (the worker class knows them); return how many."""
+        (the worker class knows them), and take no more; return how many."""
+        return 0
+
+    #: Whether threads read requests the exit may answer before they reach the app
+    #: (``_cut_reading``): then a request's socket enters ``_entered`` (until its thread
+    #: is done with the connection) after the request entered ``_in_flight``.
+    _reads_in_threads = False
+
+    def _cut_reading(self) -> int:
+        """At the exit, under the cut lock: answer 503 on each request a thread is still
+        reading, before the app, noting its socket in ``_cut_socks`` so that its thread
+        never runs the app (the worker class knows them); return how many."""
         return 0
 
     def _backlog_waiting(self) -> None:
