@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,9 @@ from collections.abc import Callable
 import pytest
 
 from tests.support.harness import (
+    APP,
     DRAINING,
+    RUNNING,
     Client,
     Harness,
     collect,
@@ -114,6 +117,45 @@ def test_half_closed_client_sends_at_draining(
     assert bool(client.responses) == ("half" in handled(server))
     assert client.responses
     assert client.responses[0].status == 200
+    assert code == 0
+
+
+def test_a_client_stalled_before_its_first_request_is_answered(
+    harness: Harness, record: Callable[[str], None]
+) -> None:
+    """A client connects before SIGTERM and sends its first request 1.5 s after draining
+    began (stalled: a loaded host, a pause): answered 200 with ``Connection: close``.  It
+    got ``idle_grace_s`` (1 s) like an idle kept-alive connection and read EOF — 154
+    requests of one loaded suite run's 500-client case were lost so: on a connection that
+    never answered, the client cannot tell whether its request was read.  An idle
+    kept-alive connection that already had its answer is still closed (after 1 s).  Stock
+    uvicorn closes the silent connection at SIGTERM: its client reads EOF."""
+    stock = harness.start([sys.executable, "-m", "uvicorn", APP, "--port", "0"])
+    stock.port = int(stock.wait_for_line(RUNNING, timeout_s=20).group(1))
+    silent = Client.connect(stock.port)
+    sigterm(stock)
+    assert silent.closed_by_peer(10), silent.end
+    stock.wait_exit(15)
+
+    server = harness.graceful(
+        "--policy", "refuse-immediately", "--grace-period", "10", "--drain-timeout", "6"
+    )
+    kept = Client.connect(server.port)
+    kept.request("/", "kept")
+    assert kept.response().status == 200
+    stalled = Client.connect(server.port)
+    sigterm(server)
+    server.wait_for_line(DRAINING)
+    time.sleep(1.5)  # the scenario: the client's stall, past idle_grace_s
+    stalled.request("/", "stalled")
+    response = stalled.response()
+    assert kept.closed_by_peer(10), kept.end
+    code = server.wait_exit(15)
+    record(
+        f"stalled 1.5 s: {response.status} ({response.headers.get('connection')}), exit {code};"
+        f" stock: {silent.end} at SIGTERM"
+    )
+    assert (response.status, response.headers.get("connection")) == (200, "close")
     assert code == 0
 
 

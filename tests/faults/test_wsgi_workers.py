@@ -327,12 +327,13 @@ def test_a_quick_stop_answers_a_request_a_thread_still_reads(
     release = tmp_path / "release"
     env = {"HOLD_RELEASE": str(release)}
     server = stock_or_graceful(
-        harness, worker, "-c", str(config), "--graceful-timeout", "10", *THREADS, env=env
-    )
+        harness, worker, "-c", str(config), "--graceful-timeout", "10", "--threads", "1",
+        env=env,
+    )  # fmt: skip
     (pid,) = worker_pids(server)
-    # A pool thread first, idle again: the held request's thread is not started by the
-    # loop then (stock's quick stop deadlocks when it lands while ``submit`` starts one:
-    # its handler's ``tpool.shutdown`` waits for the lock ``submit`` holds).
+    # The pool's one thread first: the loop starts no thread for the held request (stock's
+    # quick stop deadlocks when it lands while ``submit`` starts one: its handler's
+    # ``tpool.shutdown`` waits for the lock ``submit`` holds).
     warm = Client.connect(server.port)
     warm.request("/", "w0")
     collect([warm], 10)

@@ -79,10 +79,11 @@ class Server(uvicorn.Server):
             ``False`` if you added it yourself (with the same coordinator).
         quick_signals: Signals that stop at once instead of starting the policy
             (gunicorn workers add SIGINT, its "quick shutdown").
-        idle_grace_s: When draining begins, how long a connection with no request in
-            progress (idle keep-alive, or accepted but not yet sent its request) may
-            still send one; it is answered with ``Connection: close``.  Connections
-            accepted later get the same window from their arrival.
+        idle_grace_s: When draining begins, how long an idle keep-alive connection may
+            still send one more request; it is answered with ``Connection: close``.  A
+            connection that has not sent its first request yet (accepted before
+            draining, or later: from its arrival) gets ``first_request_grace_s``: this,
+            or uvicorn's ``timeout_keep_alive`` if longer.
         middleware_options: Keyword arguments for the middleware (health paths,
             ``websocket_close_grace_s``).
     """
@@ -233,8 +234,30 @@ class Server(uvicorn.Server):
             self.coordinator.connection_opened()
         if self.coordinator.draining and self._loop is not None:
             # Accepted late (backlog, or just before the listener closed): it gets the
-            # same window for its first request as the idle ones at draining.
-            self._loop.call_later(self.idle_grace_s, self._shutdown_connection, protocol)
+            # same window for its first request as the unused ones at draining.
+            self._loop.call_later(self.first_request_grace_s, self._shutdown_connection, protocol)
+
+    @property
+    def first_request_grace_s(self) -> float:
+        """While draining, how long a connection that has not sent its first request
+        yet may still send it: uvicorn's keep-alive timeout (how long it waits for the
+        next request on a connection while serving; a silent new one it keeps for
+        ever), at least ``idle_grace_s``; the drain's deadline bounds it.
+
+        Closing such a connection is not like closing an idle keep-alive one: its client
+        may already be writing its first request and, on a connection that never
+        answered, has no way to tell whether that request was read — the same loss
+        as a reset backlog, which the drain serves for that reason.  A client stalled
+        longer than ``idle_grace_s`` between its handshake and its request (a loaded
+        host) lost it to the close."""
+        return max(self.idle_grace_s, float(self.config.timeout_keep_alive))
+
+    def grace_for(self, connection: Any) -> float:
+        """The window at draining of ``connection`` with no request in progress:
+        ``idle_grace_s`` once it has served a request, else ``first_request_grace_s``."""
+        if getattr(connection, "cycle", None) is None:
+            return self.first_request_grace_s
+        return self.idle_grace_s
 
     def _transport_of(self, protocol: Any) -> asyncio.BaseTransport | None:
         # uvicorn's protocols (HTTP and websocket) keep theirs as ``transport``; no

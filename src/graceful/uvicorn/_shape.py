@@ -49,6 +49,7 @@ class Server(Protocol):
     _handovers: Handovers
     _hot: HotPath | None
 
+    def grace_for(self, connection: Any) -> float: ...
     def _is_http(self, connection: Any) -> bool: ...
     def _shutdown_connection(self, connection: Any) -> None: ...
     def _protocol_factory(self) -> asyncio.Protocol: ...
@@ -326,9 +327,10 @@ class UvicornShape(ServerShape):
             await asyncio.wait((self.closing,), timeout=timeout_s)
 
     def close_idle(self, grace_s: float) -> None:
-        """Busy connections close after their response (Connection: close); those with
-        no request in progress get ``grace_s`` to send one.  Websockets are left to the
-        middleware (1001 after a grace)."""
+        """Busy connections close after their response (Connection: close); idle
+        keep-alive ones get ``grace_s`` to send one more request, those that have not
+        sent their first one yet the server's ``first_request_grace_s``.  Websockets are
+        left to the middleware (1001 after a grace)."""
         server, loop = self.server, self.server._loop
         if loop is None:
             return
@@ -343,7 +345,8 @@ class UvicornShape(ServerShape):
             if cycle is not None and not getattr(cycle, "response_complete", True):
                 connection.shutdown()
             else:
-                loop.call_later(grace_s, server._shutdown_connection, connection)
+                grace = grace_s if cycle is not None else server.grace_for(connection)
+                loop.call_later(grace, server._shutdown_connection, connection)
 
     def stopping(self) -> None:
         server = self.server
