@@ -172,15 +172,17 @@ async def test_kill_deadline_set_after_the_request_replans(
     async with anyio.create_task_group() as tg:
         await start(tg, c)
         began = anyio.current_time()
+        # Real time runs on while the test does (a loaded run: 74 ms between two lines).
+        tol = 0.05 if virtual_time else 0.5
         with c.track_request():  # never finishes by itself
             c.request_shutdown("SIGTERM")
-            assert c.statistics().kill_deadline_in_s == pytest.approx(30, abs=0.05)
+            assert c.statistics().kill_deadline_in_s == pytest.approx(30, abs=tol)
             c.set_kill_deadline(time.time() + 10, source="pod")
-            assert c.statistics().kill_deadline_in_s == pytest.approx(10, abs=0.05)
+            assert c.statistics().kill_deadline_in_s == pytest.approx(10, abs=tol)
             d = c.deadlines
             assert d is not None
             assert d.kill_source == "pod"
-            assert d.stop_by - began == pytest.approx(8, abs=0.05)
+            assert d.stop_by - began == pytest.approx(8, abs=tol)
             assert "kill deadline from pod: SIGKILL in 10.0 s" in caplog.text
             if not virtual_time:  # the rest takes 9 s of real time
                 tg.cancel_scope.cancel()
@@ -204,7 +206,8 @@ async def test_kill_deadline_set_before_the_request_is_used_by_it() -> None:
     d = c.deadlines
     assert d is not None
     assert (d.kill_source, d.assumed) == ("pod", False)
-    assert c.statistics().kill_deadline_in_s == pytest.approx(12, abs=0.05)
+    # The pod's 12 s, not the grace period's 30 (real time: a loaded run runs on).
+    assert c.statistics().kill_deadline_in_s == pytest.approx(12, abs=0.5)
 
 
 async def test_kill_deadline_rejects_bad_times() -> None:
