@@ -566,5 +566,10 @@ def test_accepting_ends_while_what_is_accepted_can_still_finish(
     code = server.wait_exit(20)
     record(f"3 s requests: {summarize(results)}; fast: {dict(Counter(fast))}; exit {code}")
     assert all(r.kind == "refused" or r.status == 200 for r in results), summarize(results)
-    assert set(fast) <= {"200", "refused"}, Counter(fast)
+    # One fast connection may be reset: a handshake the kernel completed between the
+    # worker's last accept and its close of the listener.  gunicorn's listener is the
+    # master's, inherited, so it is not sealed (docs/reliability.md, the seal's rules:
+    # the window of two system calls); the traffic fell in it once in ~16 suite runs.
+    assert set(fast) <= {"200", "refused", "reset"}, Counter(fast)
+    assert Counter(fast)["reset"] <= 1, Counter(fast)
     assert code == 0
