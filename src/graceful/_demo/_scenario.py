@@ -276,6 +276,12 @@ async def run_scenario(
         # The rolling restart: the new pod is ready, the old one gets SIGTERM ...
         balancer.backends.append(c)
         outcome.sigterm_at = outcome.tally.elapsed()
+        if a.proc.returncode is not None:  # nothing to restart: say why, not ProcessLookupError
+            log = "".join(a.log_tail)
+            raise RuntimeError(
+                f"backend {a.name} ({kind.name}) exited ({a.proc.returncode}) before its "
+                f"SIGTERM\n{log}"
+            )
         a.proc.send_signal(signal.SIGTERM)
         killer = asyncio.ensure_future(_kill_at(a, args.grace_period, t0))
         # ... while the endpoint update takes a while to reach the balancer.
