@@ -18,7 +18,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -355,6 +357,49 @@ def test_a_quick_stop_answers_a_request_a_thread_still_reads(
     assert (result.kind, result.status) == ("ok", 503), server.output()
     server.wait_for_line(r"stopped with .*; ending the worker", timeout_s=10)
     assert "h0" not in handled(server), server.output()
+
+
+def test_a_request_the_exit_answered_never_reaches_the_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guard behind the held-hook case, which that case cannot see (the process ends
+    right after the exit's answer): a request whose socket the exit noted as answered
+    (``_cut_socks``) waits for the exit at the app's door instead of running the app;
+    another runs it.  ``ThreadWorker``'s WSGI wrapper, in this process."""
+    from graceful.gunicorn import ThreadWorker, _wsgi
+
+    class Exiting(Exception):
+        pass
+
+    def await_exit() -> None:
+        raise Exiting
+
+    monkeypatch.setattr(_wsgi, "await_exit", await_exit)
+    worker: Any = object.__new__(ThreadWorker)
+    worker._in_flight, worker._cut_keys = {}, set()
+    worker._cut_socks, worker._entered = set(), set()
+    worker._cut_lock = threading.Lock()
+    worker.graceful = types.SimpleNamespace(coordinator=types.SimpleNamespace(nudging=False))
+    ran: list[str] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        ran.append(environ["rid"])
+        return [b"ok"]
+
+    class Response:
+        headers_sent = False
+
+        def start_response(self, *args: Any) -> None:
+            pass
+
+    wrapped = worker._closing(app)
+    noted, other = object(), object()
+    worker._cut_socks.add(id(noted))
+    with pytest.raises(Exiting):
+        wrapped({"gunicorn.socket": noted, "rid": "noted"}, Response().start_response)
+    assert list(wrapped({"gunicorn.socket": other, "rid": "other"}, Response().start_response))
+    assert ran == ["other"]
+    assert {id(noted), id(other)} <= worker._entered  # the exit would see both entered
 
 
 def test_a_backlog_past_the_drain_deadline_is_refused_not_reset(

@@ -49,6 +49,8 @@ IDLE_GRACE_S = 1.0
 #: much it reads meanwhile: gunicorn's ``close_graceful``.
 LINGER_S = 2.0
 _LINGER_BYTES = 65536
+#: The start of an HTTP/2 client's connection preface (RFC 9113 §3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0"
 #: gunicorn 26+ closes a connection after its response with ``close_graceful`` (on the
 #: loop's thread), and calls ``murder_pending`` at each turn of its loop.
 _LINGERS = "graceful" in inspect.signature(TConn.close).parameters and hasattr(
@@ -125,6 +127,12 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         self._taken.pop(id(conn), None)
         return super().handle_http2(conn)
 
+    def handle_h2c_upgrade(self, conn: Any, req: Any, settings: Any) -> Any:
+        """An HTTP/1.1 request upgrading to HTTP/2: gunicorn answers ``101`` first, so
+        no HTTP/1.1 answer of the exit's may follow — not taken either."""
+        self._taken.pop(id(conn), None)
+        return super().handle_h2c_upgrade(conn, req, settings)
+
     _reads_in_threads = True
 
     def _cut_reading(self) -> int:
@@ -133,29 +141,39 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         app — being read, or in a ``pre_request`` hook — where the exit's ``os._exit``
         gave a bare EOF (the stock worker's exit waits for its threads and serves it).
         Its thread, arriving at the app, finds its socket noted and waits for the exit.
-        Without a lock on the request path: the thread notes ``_entered`` then looks at
-        ``_cut_socks``, this notes ``_cut_socks`` then looks at ``_entered`` — one of the
-        two sees the other (one interpreter lock: the operations are in one order), and
-        a request seen entered is the in-flight cut's to answer.  Not a connection that
-        sent nothing yet (the close of an idle connection), nor TLS (no clear bytes
-        inside it, and not from a second thread), nor HTTP/2 (``handle_http2``)."""
+
+        Without a lock on the request path: the thread notes ``_entered`` as its request
+        enters the app and, done with the connection, leaves ``_taken`` then
+        ``_entered``; this notes ``_cut_socks`` then looks at ``_entered`` then at
+        ``_taken`` — with one interpreter lock the operations are in one order, so a
+        request that entered, or a connection done with (its response written), is never
+        answered here, and one that enters later sees the note.  A request seen entered
+        is the in-flight cut's to answer.
+
+        Not a connection that sent nothing yet (the close of an idle connection), nor
+        TLS (no clear bytes inside it, and not from a second thread), nor HTTP/2: one
+        whose protocol is not known yet (its thread reads the preface or the
+        handshake), an HTTP/2 preface still unread, or an h2c upgrade
+        (``handle_http2``, ``handle_h2c_upgrade``)."""
+        if self.cfg.is_ssl:
+            return 0
         count = 0
-        entered = self._entered
-        for conn in list(self._taken.values()):
+        entered, taken, cut_socks = self._entered, self._taken, self._cut_socks
+        for key, conn in list(taken.items()):
             sock = conn.sock
-            if id(sock) in entered or self.cfg.is_ssl:
-                continue  # in the app, or its response under way: not this answer
-            if not (getattr(conn, "initialized", True) or getattr(conn, "data_ready", True)):
-                continue  # gunicorn still waits for its first byte
-            self._cut_socks.add(id(sock))
-            if id(sock) in entered:  # it entered meanwhile: the in-flight cut answers it
-                self._cut_socks.discard(id(sock))
+            if id(sock) in entered or not _http1_request_read(conn):
+                continue
+            cut_socks.add(id(sock))
+            if id(sock) in entered or taken.get(key) is not conn:
+                cut_socks.discard(id(sock))  # it entered, or is done: not this answer
                 continue
             with contextlib.suppress(OSError):
-                sock.settimeout(0.05)
-                sock.sendall(CUT_RESPONSE)
+                if sock.send(CUT_RESPONSE, socket.MSG_DONTWAIT) == len(CUT_RESPONSE):
+                    count += 1  # a connection with no answer yet: its send buffer is empty
                 sock.shutdown(socket.SHUT_WR)  # nothing of the thread's may follow
-                count += 1
+            with contextlib.suppress(OSError):  # what arrived unread: the exit's close
+                while sock.recv(65536, socket.MSG_DONTWAIT):  # sends no reset over it
+                    pass
         return count
 
     def _cut_waiting(self) -> int:
@@ -301,3 +319,21 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
             self._listeners_closed = True
             for listener in self.sockets:
                 listener.close()  # gunicorn closes them again at the end: a no-op
+
+
+def _http1_request_read(conn: Any) -> bool:
+    """Whether a taken connection carries an HTTP/1.x request the exit may answer: its
+    parser is HTTP/1's, or, before its thread began reading it, what waits on the
+    socket is not an HTTP/2 preface.  Not while the thread sets the connection up (its
+    protocol unknown), nor before the client sent anything."""
+    if getattr(conn, "is_http2", False):
+        return False
+    if getattr(conn, "initialized", True):
+        return getattr(conn, "parser", None) is not None
+    if not getattr(conn, "data_ready", True):
+        return False  # gunicorn still waits for its first byte
+    try:
+        head = conn.sock.recv(len(_H2_PREFACE), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return False
+    return bool(head) and not _H2_PREFACE.startswith(head[: len(_H2_PREFACE)])

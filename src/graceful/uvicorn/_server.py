@@ -44,6 +44,9 @@ from ._shape import HotPath, UvicornShape, is_httptools, tracking_class
 
 #: The signals this server handles (uvicorn's SIGINT and SIGTERM, plus SIGQUIT).
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, *QUICK_SIGNALS)
+#: The longest a connection that has not sent its first request may still send it once
+#: draining began (``Server.first_request_grace_s``): uvicorn's default keep-alive timeout.
+FIRST_REQUEST_GRACE_MAX_S = 5.0
 
 
 class _CutRequestFilter(logging.Filter):
@@ -242,7 +245,10 @@ class Server(uvicorn.Server):
         """While draining, how long a connection that has not sent its first request
         yet may still send it: uvicorn's keep-alive timeout (how long it waits for the
         next request on a connection while serving; a silent new one it keeps for
-        ever), at least ``idle_grace_s``; the drain's deadline bounds it.
+        ever), at most ``FIRST_REQUEST_GRACE_MAX_S`` (behind a cloud balancer the
+        timeout is often a minute or more, and a silent pre-opened connection would hold
+        every drain that long), at least ``idle_grace_s``; the drain's deadline bounds
+        it.
 
         Closing such a connection is not like closing an idle keep-alive one: its client
         may already be writing its first request and, on a connection that never
@@ -250,7 +256,8 @@ class Server(uvicorn.Server):
         as a reset backlog, which the drain serves for that reason.  A client stalled
         longer than ``idle_grace_s`` between its handshake and its request (a loaded
         host) lost it to the close."""
-        return max(self.idle_grace_s, float(self.config.timeout_keep_alive))
+        keep_alive = min(float(self.config.timeout_keep_alive), FIRST_REQUEST_GRACE_MAX_S)
+        return max(self.idle_grace_s, keep_alive)
 
     def grace_for(self, connection: Any) -> float:
         """The window at draining of ``connection`` with no request in progress:
