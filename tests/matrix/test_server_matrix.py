@@ -479,10 +479,16 @@ def test_backlog_queued_while_stopped_is_served(launch: Launch, row: Row) -> Non
         server.signal(signal.SIGTERM)
         server.signal_worker(signal.SIGCONT)
         answered = 0
-        for sock in socks:
+        for n, sock in enumerate(socks):
             data = b""
             while b"hello\n" not in data:
-                chunk = sock.recv(4096)
+                try:
+                    chunk = sock.recv(4096)
+                except TimeoutError:  # say what the server did (a hypercorn-trio run, once)
+                    raise AssertionError(
+                        f"client {n} of 100: no answer within 10 s ({answered} answered "
+                        f"before it, {data!r} so far); server:\n{server.output()[-3000:]}"
+                    ) from None
                 if not chunk:
                     break
                 data += chunk
