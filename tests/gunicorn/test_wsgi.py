@@ -141,9 +141,11 @@ def status(pid: int) -> dict[str, str]:
 
 
 def zombie(pid: int) -> bool:
+    """``pid`` exited: a zombie, or reaped already (its ``/proc`` entry gone, or going
+    while read: ESRCH, seen in CI)."""
     try:
         return status(pid)["State"].startswith("Z")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
 
 
