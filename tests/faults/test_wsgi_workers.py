@@ -366,7 +366,7 @@ def test_a_request_the_exit_answered_never_reaches_the_app(
     right after the exit's answer): a request whose socket the exit noted as answered
     (``_cut_socks``) waits for the exit at the app's door instead of running the app;
     another runs it.  ``ThreadWorker``'s WSGI wrapper, in this process."""
-    from graceful.gunicorn import ThreadWorker, _wsgi
+    from graceful.gunicorn import ThreadWorker, _answers
 
     class Exiting(Exception):
         pass
@@ -374,7 +374,7 @@ def test_a_request_the_exit_answered_never_reaches_the_app(
     def await_exit() -> None:
         raise Exiting
 
-    monkeypatch.setattr(_wsgi, "await_exit", await_exit)
+    monkeypatch.setattr(_answers, "await_exit", await_exit)
     worker: Any = object.__new__(ThreadWorker)
     worker._in_flight, worker._cut_keys = {}, set()
     worker._cut_socks, worker._entered = set(), set()

@@ -24,6 +24,7 @@ __all__ = (
     "HandOver",
     "accept_queue",
     "await_exit",
+    "exit_aware",
     "force_close",
     "hand_over",
     "refuse",
@@ -81,6 +82,49 @@ def hand_over(in_flight: dict[int, Any], key: int, lock: threading.Lock, cut: se
         if key not in cut:
             return
     await_exit()
+
+
+def exit_aware(
+    app: Any,
+    coordinator: Any,
+    in_flight: dict[int, Any],
+    cut_lock: threading.Lock,
+    cut_keys: set[int],
+    *,
+    cut_socks: set[int],
+    entered: set[int] | None,
+) -> Any:
+    """``app``, whose responses close their connection while the policy nudges clients
+    (``coordinator.nudging``), and whose requests in flight the exit can answer (the
+    worker's ``_cut``: ``in_flight``, ``cut_lock``, ``cut_keys``; ``HandOver``).  gunicorn
+    drops a ``Connection`` header the app sets (hop-by-hop) and decides itself: its
+    response's ``force_close()`` is the way to ask.  With ``entered`` (threads read the
+    requests: ``ThreadWorker``), each request notes its socket there once in flight, and
+    one whose socket the exit answered already (``cut_socks``) never runs the app."""
+
+    def closing(environ: dict[str, Any], start_response: Any) -> Any:
+        response = getattr(start_response, "__self__", None)
+        sock = environ.get("gunicorn.socket")
+        key = id(environ)
+        if sock is not None and response is not None:
+            # Before looking at nudging: one that begins meanwhile finds it here.
+            in_flight[key] = (sock, response)
+            if entered is not None:  # against the exit's answer to what a thread reads:
+                entered.add(id(sock))  # noted, then looked (ThreadWorker._cut_reading)
+                if cut_socks and id(sock) in cut_socks:
+                    await_exit()  # answered 503: the app must not run; the exit follows
+        if coordinator.nudging:
+            force_close(response)
+        if sock is None or response is None:
+            return app(environ, start_response)
+        try:
+            result = app(environ, start_response)
+        except BaseException:  # gunicorn answers 500 if nothing was sent yet
+            hand_over(in_flight, key, cut_lock, cut_keys)
+            raise
+        return HandOver(result, in_flight, key, cut_lock, cut_keys)
+
+    return closing
 
 
 class HandOver:

@@ -201,15 +201,16 @@ class ThreadWorker(Http2GoAway, _GracefulWSGIWorker, _StockThreadWorker):  # typ
         self._quitting = True  # see accept
         self.alive = False  # gunicorn's loop accepts no more and drains
 
-    def accept(self, listener: Any) -> None:
+    def accept(self, *args: Any) -> None:
         """gunicorn's, but none after a quick stop of this worker alone: the handler runs
         as the loop's wait is interrupted, and the loop then dispatched the listener's
         readiness that the same wait reported (``alive`` is looked at only between
         waits) — a connection the quick stop could only cut, where left in the queue the
         worker that replaces this one serves it.  When the pod stops, what is queued is
-        taken and answered (``set_accept_enabled``), not left to be reset."""
+        taken and answered (``set_accept_enabled``), not left to be reset.  (gunicorn < 24
+        passes ``(server, listener)``, later ones ``(listener)``.)"""
         if not (self._quitting and self.coordinator.pod_still_serving()):
-            super().accept(listener)
+            super().accept(*args)
 
     def get_thread_pool(self) -> Any:
         """gunicorn's pool, whose threads leave the process's signals to the main thread:

@@ -76,14 +76,7 @@ from .._core.policy import Phase
 from .._core.signals import leave_signals_to_main_thread
 from .._options import ConfigError
 from ..wsgi import CoordinatorThread, GracefulMiddleware
-from ._answers import (
-    CUT_RESPONSE,
-    HandOver,
-    accept_queue,
-    await_exit,
-    force_close,
-    hand_over,
-)
+from ._answers import CUT_RESPONSE, accept_queue, exit_aware, force_close
 from ._master import check_in_master, master_listens, metrics_for_master, worker_values
 
 logger = logging.getLogger("graceful")
@@ -174,38 +167,12 @@ class _GracefulWSGIWorker:
         self.graceful.start()
 
     def _closing(self, app: Any) -> Any:
-        """``app``, whose responses close their connection while the policy nudges
-        clients, and whose requests in flight the exit can answer (``_cut``).
-        gunicorn drops a ``Connection`` header the app sets (hop-by-hop) and decides
-        itself: its response's ``force_close()`` is the way to ask."""
-        coordinator = self.coordinator
-        in_flight = self._in_flight
-        cut_lock, cut_keys, cut_socks = self._cut_lock, self._cut_keys, self._cut_socks
-        guarded, entered = self._reads_in_threads, self._entered
-
-        def closing(environ: dict[str, Any], start_response: Any) -> Any:
-            response = getattr(start_response, "__self__", None)
-            sock = environ.get("gunicorn.socket")
-            key = id(environ)
-            if sock is not None and response is not None:
-                # Before looking at nudging: one that begins meanwhile finds it here.
-                in_flight[key] = (sock, response)
-                if guarded:  # against the exit's answer to what a thread still reads:
-                    entered.add(id(sock))  # noted, then looked: see _cut_reading
-                    if cut_socks and id(sock) in cut_socks:
-                        await_exit()  # answered 503: the app must not run; the exit follows
-            if coordinator.nudging:
-                force_close(response)
-            if sock is None or response is None:
-                return app(environ, start_response)
-            try:
-                result = app(environ, start_response)
-            except BaseException:  # gunicorn answers 500 if nothing was sent yet
-                hand_over(in_flight, key, cut_lock, cut_keys)
-                raise
-            return HandOver(result, in_flight, key, cut_lock, cut_keys)
-
-        return closing
+        """``app`` as the exit can answer its requests (``_answers.exit_aware``)."""
+        entered = self._entered if self._reads_in_threads else None
+        return exit_aware(
+            app, self.coordinator, self._in_flight, self._cut_lock, self._cut_keys,
+            cut_socks=self._cut_socks, entered=entered,
+        )  # fmt: skip
 
     def _cut(self) -> int:
         """At the exit: answer 503 on each request in flight whose response has not
@@ -440,15 +407,13 @@ class _GracefulWSGIWorker:
         (the worker class knows them), and take no more; return how many."""
         return 0
 
-    #: Whether threads read requests the exit may answer before they reach the app
-    #: (``_cut_reading``): then a request's socket enters ``_entered`` (until its thread
-    #: is done with the connection) after the request entered ``_in_flight``.
+    #: Threads read requests the exit may answer before the app (``_cut_reading``): a
+    #: request notes its socket in ``_entered`` once in ``_in_flight``.
     _reads_in_threads = False
 
     def _cut_reading(self) -> int:
-        """At the exit, under the cut lock: answer 503 on each request a thread is still
-        reading, before the app, noting its socket in ``_cut_socks`` so that its thread
-        never runs the app (the worker class knows them); return how many."""
+        """At the exit, under the cut lock: 503 to the requests threads still read (the
+        worker class knows them), noted in ``_cut_socks``; return how many."""
         return 0
 
     def _backlog_waiting(self) -> None:
