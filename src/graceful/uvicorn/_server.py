@@ -86,7 +86,7 @@ class Server(uvicorn.Server):
             still send one more request; it is answered with ``Connection: close``.  A
             connection that has not sent its first request yet (accepted before
             draining, or later: from its arrival) gets ``first_request_grace_s``: this,
-            or uvicorn's ``timeout_keep_alive`` if longer.
+            or uvicorn's ``timeout_keep_alive`` if longer, at most 5 s.
         middleware_options: Keyword arguments for the middleware (health paths,
             ``websocket_close_grace_s``).
     """
