@@ -120,8 +120,9 @@ def test_half_closed_client_sends_at_draining(
     assert code == 0
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_client_stalled_before_its_first_request_is_answered(
-    harness: Harness, record: Callable[[str], None]
+    harness: Harness, record: Callable[[str], None], loop: str
 ) -> None:
     """A client connects before SIGTERM and sends its first request only once draining
     closed an idle kept-alive connection (``idle_grace_s``, 1 s in): stalled, as on a
@@ -131,7 +132,7 @@ def test_a_client_stalled_before_its_first_request_is_answered(
     run's 500-client case were lost so: on a connection that never answered, the client
     cannot tell whether its request was read.  Stock uvicorn closes the silent
     connection at SIGTERM: its client reads EOF."""
-    stock = harness.start([sys.executable, "-m", "uvicorn", APP, "--port", "0"])
+    stock = harness.start([sys.executable, "-m", "uvicorn", APP, "--port", "0", "--loop", loop])
     stock.port = int(stock.wait_for_line(RUNNING, timeout_s=20).group(1))
     silent = Client.connect(stock.port)
     sigterm(stock)
@@ -140,7 +141,7 @@ def test_a_client_stalled_before_its_first_request_is_answered(
 
     server = harness.graceful(
         "--policy", "refuse-immediately", "--grace-period", "10", "--drain-timeout", "8",
-        "--timeout-keep-alive", "30",
+        "--timeout-keep-alive", "30", "--loop", loop,
     )  # fmt: skip
     kept = Client.connect(server.port)
     kept.request("/", "kept")

@@ -297,20 +297,31 @@ def test_a_quick_stop_of_one_worker_leaves_its_backlog_to_the_master_repeated(
 
 
 #: A gunicorn config whose ``pre_request`` hook holds a request (``hold`` in its query)
-#: between its parse and the app until ``$HOLD_RELEASE`` exists (20 s at most), as a
-#: slow hook of the user's would: the thread has the connection, the app has not.
+#: between its parse and the app until a byte arrives on the FIFO ``$HOLD_RELEASE`` (20 s
+#: at most), as a slow hook of the user's would: the thread has the connection, the app
+#: has not.
 _HOLD_CONFIG = """\
-import os, sys, time
+import os, select, sys
 
 def pre_request(worker, req):
     if "hold" not in (req.query or ""):
         return
+    fifo = os.open(os.environ["HOLD_RELEASE"], os.O_RDONLY | os.O_NONBLOCK)
     sys.stderr.write(f"pre_request {req.query}\\n")
     sys.stderr.flush()
-    until = time.monotonic() + 20
-    while not os.path.exists(os.environ["HOLD_RELEASE"]) and time.monotonic() < until:
-        time.sleep(0.01)
+    try:
+        select.select([fifo], [], [], 20)
+    finally:
+        os.close(fifo)
 """
+
+
+def _release(fifo: Any) -> None:
+    """Let the held hook go (nothing to do once its process is gone)."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader any more
+        descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(descriptor, b".")
+        os.close(descriptor)
 
 
 @pytest.mark.parametrize("worker", ["gthread", "ThreadWorker"])
@@ -327,6 +338,7 @@ def test_a_quick_stop_answers_a_request_a_thread_still_reads(
     config = tmp_path / "hold.conf.py"
     config.write_text(_HOLD_CONFIG)
     release = tmp_path / "release"
+    os.mkfifo(release)
     env = {"HOLD_RELEASE": str(release)}
     server = stock_or_graceful(
         harness, worker, "-c", str(config), "--graceful-timeout", "10", "--threads", "1",
@@ -346,9 +358,9 @@ def test_a_quick_stop_answers_a_request_a_thread_still_reads(
     os.kill(pid, signal.SIGQUIT)
     if worker == "gthread":
         server.wait_for_line(rf"Worker exiting \(pid: {pid}\)", timeout_s=10)
-        release.touch()  # its exit is under way: it waits for the held thread
+        _release(release)  # its exit is under way: it waits for the held thread
     collect([client], 10)
-    release.touch()
+    _release(release)
     (result,) = outcomes([client])
     record(f"{summarize([result])}")
     if worker == "gthread":
